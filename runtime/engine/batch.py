@@ -1,0 +1,70 @@
+"""What the scheduler hands a worker each step and what comes back.
+
+These are msgspec Structs so that the same values cross the process boundary unchanged once the transport
+carries them; in one process they are passed as they are.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import msgspec
+
+
+class SamplingSpec(msgspec.Struct, frozen=True):
+    """The parts of SamplingParams that the sampler needs, sent once per request."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    seed: Optional[int]
+    presence_penalty: float
+    frequency_penalty: float
+    repetition_penalty: float
+    logit_bias: Optional[dict[int, float]]
+    min_tokens: int
+    stop_token_ids: list[int]  # with the EOS id below, masked until min_tokens are out
+    eos_token_id: Optional[int]
+    logprobs: Optional[int]
+
+
+class NewRequest(msgspec.Struct, frozen=True):
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingSpec
+
+
+class ScheduledChunk(msgspec.Struct, frozen=True):
+    """Tokens of one request to run this step, starting at position ``start``."""
+
+    request_id: str
+    token_ids: list[int]
+    start: int
+    block_ids: list[int]
+    sample: bool  # this chunk reaches the request's last token: sample the next one
+
+
+class SchedulerOutput(msgspec.Struct, frozen=True):
+    step: int
+    new_requests: list[NewRequest]
+    chunks: list[ScheduledChunk]
+    finished_request_ids: list[str]  # the worker drops its per-request sampling state for these
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(c.token_ids) for c in self.chunks)
+
+
+class TokenLogprobs(msgspec.Struct, frozen=True):
+    """The sampled token's logprob and rank, and the top-N alternatives, from the raw logits."""
+
+    logprob: float
+    rank: int
+    top_token_ids: list[int]
+    top_logprobs: list[float]
+
+
+class ModelRunnerOutput(msgspec.Struct, frozen=True):
+    step: int
+    sampled: dict[str, int]
+    logprobs: dict[str, TokenLogprobs]

@@ -1,0 +1,203 @@
+"""The engine loop without I/O: admit requests, schedule a step, hand it to an executor, apply the result.
+
+Runs in the scheduler process (or in the caller's, for the offline API). The executor is anything with
+``execute(SchedulerOutput) -> ModelRunnerOutput``: a local model runner, or the workers behind ZMQ.
+Stop conditions are decided here, where the tokens are: EOS, stop token ids, stop strings, max_tokens and
+the model's context length.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Optional, Protocol
+
+from runtime.config import EngineConfig
+from runtime.engine.batch import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
+from runtime.engine.detokenizer import IncrementalDetokenizer
+from runtime.engine.kv_cache_manager import KVCacheManager
+from runtime.engine.outputs import CompletionOutput, Logprob, RequestOutput
+from runtime.engine.request import Request, RequestStatus
+from runtime.engine.sampling_params import SamplingParams, verify_prompt_token_ids
+from runtime.engine.scheduler import Scheduler
+
+
+class Executor(Protocol):
+    def execute(self, batch: SchedulerOutput) -> ModelRunnerOutput: ...
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the engine must know of the model, read by the worker at load time."""
+
+    vocab_size: int  # embedding rows: the bound every client token id is checked against
+    eos_token_id: Optional[int]
+    max_model_len: int
+    num_kv_blocks: int
+
+
+class _Sequence:
+    """One of a request's n samples: the scheduler's Request plus its detokenizer and output."""
+
+    def __init__(self, request: Request, output: CompletionOutput, detok: Optional[IncrementalDetokenizer]):
+        self.request = request
+        self.output = output
+        self.detok = detok
+
+
+class _Group:
+    def __init__(self, output: RequestOutput, sequences: list[_Sequence]) -> None:
+        self.output = output
+        self.sequences = sequences
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, executor: Executor, facts: ModelFacts, tokenizer=None) -> None:
+        block_size = config.cache.block_size
+        if facts.num_kv_blocks * block_size < facts.max_model_len:
+            raise ValueError(
+                f"the KV cache holds {facts.num_kv_blocks * block_size} tokens, fewer than max_model_len="
+                f"{facts.max_model_len}; raise kv_cache_memory or lower max_model_len"
+            )
+        self.config = config
+        self.facts = facts
+        self.executor = executor
+        self.tokenizer = tokenizer
+        self.kv = KVCacheManager(facts.num_kv_blocks, block_size, config.cache.enable_prefix_caching)
+        self.scheduler = Scheduler(config.scheduler, self.kv)
+        self._groups: dict[str, _Group] = {}
+        self._by_seq: dict[str, tuple[_Group, _Sequence]] = {}
+        self._arrivals = itertools.count()
+
+    # -- requests -----------------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    prompt: Optional[str] = None) -> None:
+        """Validate against the model and queue; raises ValueError (naming the field) without side effects."""
+        if request_id in self._groups:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        verify_prompt_token_ids(prompt_token_ids, self.facts.vocab_size)
+        params.verify_for_model(self.facts.vocab_size, self.tokenizer is not None)
+        if len(prompt_token_ids) >= self.facts.max_model_len:
+            raise ValueError(
+                f"prompt has {len(prompt_token_ids)} tokens; max_model_len is {self.facts.max_model_len} "
+                "and at least one token must be generated"
+            )
+        output = RequestOutput(request_id, prompt, list(prompt_token_ids), [])
+        group = _Group(output, [])
+        leader: Optional[Request] = None
+        for index in range(params.n):
+            child = params.child(index) if params.n > 1 else params
+            seq = self._new_sequence(f"{request_id}#{index}" if params.n > 1 else request_id,
+                                     prompt_token_ids, child, index)
+            seq.request.wait_for = leader
+            leader = leader or seq.request
+            group.sequences.append(seq)
+            output.outputs.append(seq.output)
+            self._by_seq[seq.request.request_id] = (group, seq)
+        self._groups[request_id] = group
+        for seq in group.sequences:
+            self.scheduler.add(seq.request)
+
+    def _new_sequence(self, seq_id: str, prompt_ids: list[int], params: SamplingParams, index: int) -> _Sequence:
+        max_total = self.facts.max_model_len
+        if params.max_tokens is not None:
+            max_total = min(max_total, len(prompt_ids) + params.max_tokens)
+        request = Request(seq_id, list(prompt_ids), params, next(self._arrivals), max_total, self.facts.eos_token_id)
+        detok = None
+        if self.tokenizer is not None and params.detokenize:
+            detok = IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens,
+                                           params.include_stop_str_in_output)
+        logprobs = [] if params.logprobs is not None else None
+        cumulative = 0.0 if params.logprobs is not None else None
+        return _Sequence(request, CompletionOutput(index, logprobs=logprobs, cumulative_logprob=cumulative), detok)
+
+    def abort_request(self, request_id: str) -> Optional[RequestOutput]:
+        group = self._groups.pop(request_id, None)
+        if group is None:
+            return None
+        for seq in group.sequences:
+            self._by_seq.pop(seq.request.request_id, None)
+            if not seq.output.finished():
+                seq.output.finish_reason = "abort"
+                self.scheduler.finish(seq.request, RequestStatus.FINISHED_ABORTED)
+        group.output.finished = True
+        return group.output
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._groups)
+
+    # -- one step -----------------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one engine step; returns the (cumulative) outputs of requests that changed."""
+        if not self.scheduler.has_unfinished():
+            return []
+        batch = self.scheduler.schedule()
+        if not batch.chunks:
+            return []
+        result = self.executor.execute(batch)
+        return self.apply(result)
+
+    def apply(self, result: ModelRunnerOutput) -> list[RequestOutput]:
+        changed: dict[str, _Group] = {}
+        for request, token in self.scheduler.update(result.sampled):
+            group, seq = self._by_seq[request.request_id]
+            self._append(seq, token, result.logprobs.get(request.request_id))
+            changed[group.output.request_id] = group
+        outputs = []
+        for request_id, group in changed.items():
+            if all(s.output.finished() for s in group.sequences):
+                group.output.finished = True
+                del self._groups[request_id]
+                for seq in group.sequences:
+                    self._by_seq.pop(seq.request.request_id, None)
+            outputs.append(group.output)
+        return outputs
+
+    def _append(self, seq: _Sequence, token: int, logprobs: Optional[TokenLogprobs]) -> None:
+        out, request = seq.output, seq.request
+        out.token_ids.append(token)
+        if logprobs is not None and out.logprobs is not None:
+            out.logprobs.append(self._logprob_entry(token, logprobs))
+            out.cumulative_logprob += logprobs.logprob
+        n_out = len(request.output_token_ids)
+        stop_string = None
+        if seq.detok is not None:
+            stop_string = seq.detok.add(token, check_stop=n_out > request.params.min_tokens)
+            out.text = seq.detok.text
+        finish = self._check_stop(request, token, stop_string)
+        if finish is not None:
+            status, out.stop_reason = finish
+            out.finish_reason = status.value
+            self.scheduler.finish(request, status)
+
+    def _check_stop(self, request: Request, token: int, stop_string: Optional[str]):
+        params = request.params
+        n_out = len(request.output_token_ids)
+        if stop_string is not None:
+            return RequestStatus.FINISHED_STOPPED, stop_string
+        if n_out >= params.min_tokens:
+            if token == request.eos_token_id and not params.ignore_eos:
+                return RequestStatus.FINISHED_STOPPED, None
+            if token in params.stop_token_ids:
+                return RequestStatus.FINISHED_STOPPED, token
+        if request.num_tokens >= request.max_total_tokens:
+            return RequestStatus.FINISHED_LENGTH, None
+        return None
+
+    def _logprob_entry(self, token: int, lp: TokenLogprobs) -> dict[int, Logprob]:
+        entry = {tid: Logprob(v, rank + 1, self._decode_one(tid))
+                 for rank, (tid, v) in enumerate(zip(lp.top_token_ids, lp.top_logprobs))}
+        if token not in entry:
+            entry[token] = Logprob(lp.logprob, lp.rank, self._decode_one(token))
+        return entry
+
+    def _decode_one(self, token: int) -> Optional[str]:
+        return None if self.tokenizer is None else self.tokenizer.decode([token])
+
+    # -- statistics -----------------------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return self.kv.pool.num_free_blocks
+
+    @property
+    def prefix_cache_hit_tokens(self) -> int:
+        return self.kv.pool.hits

@@ -1,0 +1,71 @@
+"""Per-request block tables over the block pool, with prefix-cache lookup on admission.
+
+The scheduler asks for room for N more tokens of a request; this module finds cached prefix blocks first,
+allocates the rest, and publishes blocks to the cache as they fill.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from runtime.engine.block_pool import Block, BlockPool, hash_block
+from runtime.engine.request import Request
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+        self.block_size = block_size
+        self.pool = BlockPool(num_blocks, enable_caching)
+        self._tables: dict[str, list[Block]] = {}
+        self._hashes: dict[str, list[int]] = {}  # chained hashes of the request's full blocks so far
+        self._num_published: dict[str, int] = {}
+
+    def block_ids(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self._tables.get(request_id, ())]
+
+    def _block_hashes(self, request: Request) -> list[int]:
+        hashes = self._hashes.setdefault(request.request_id, [])
+        tokens = request.all_token_ids
+        bs = self.block_size
+        while (len(hashes) + 1) * bs <= len(tokens):
+            i = len(hashes)
+            hashes.append(hash_block(hashes[-1] if hashes else None, tokens[i * bs:(i + 1) * bs]))
+        return hashes
+
+    def find_cached_prefix(self, request: Request) -> list[Block]:
+        """Cached full blocks of the request's tokens; at least one token is always left to compute."""
+        hashes = self._block_hashes(request)
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        return self.pool.lookup(hashes[:max_blocks])
+
+    def allocate(self, request: Request, num_new_tokens: int, cached: Optional[list[Block]] = None) -> bool:
+        """Make room for num_new_tokens beyond what is computed (and cached); False if the pool is short."""
+        table = self._tables.get(request.request_id, [])
+        cached = cached or []
+        total = request.num_computed_tokens + len(cached) * self.block_size + num_new_tokens
+        needed = -(-total // self.block_size) - len(table) - len(cached)
+        # Reviving a cached block that nobody holds takes it out of the free queue too.
+        revived = sum(1 for b in cached if b.ref_cnt == 0)
+        if needed + revived > self.pool.num_free_blocks:
+            return False
+        self.pool.touch(cached)
+        table = table + cached + self.pool.allocate(max(needed, 0))
+        self._tables[request.request_id] = table
+        return True
+
+    def publish_full_blocks(self, request: Request) -> None:
+        """Cache the blocks whose tokens are now all computed."""
+        table = self._tables.get(request.request_id)
+        if not table:
+            return
+        hashes = self._block_hashes(request)
+        full = min(request.num_computed_tokens // self.block_size, len(hashes), len(table))
+        start = self._num_published.get(request.request_id, 0)
+        for i in range(start, full):
+            self.pool.cache(table[i], hashes[i])
+        self._num_published[request.request_id] = max(start, full)
+
+    def free(self, request: Request) -> None:
+        table = self._tables.pop(request.request_id, [])
+        self.pool.free(table)
+        self._hashes.pop(request.request_id, None)
+        self._num_published.pop(request.request_id, None)

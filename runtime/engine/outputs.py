@@ -1,0 +1,36 @@
+"""What users get back: vLLM-shaped RequestOutput / CompletionOutput / Logprob."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+
+@dataclass
+class Logprob:
+    logprob: float
+    rank: int
+    decoded_token: Optional[str] = None
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    cumulative_logprob: Optional[float] = None
+    logprobs: Optional[list[dict[int, Logprob]]] = None
+    finish_reason: Optional[str] = None  # "stop", "length", "abort"
+    stop_reason: Union[int, str, None] = None
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: Optional[str]
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = False
+    num_cached_tokens: int = 0

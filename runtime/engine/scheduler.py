@@ -1,0 +1,170 @@
+"""Continuous batching with chunked prefill, prefix caching and preemption by recompute (FCFS).
+
+Each step the running requests go first (decodes and unfinished prefill chunks), then waiting requests
+while the token budget, ``max_num_seqs`` and free KV blocks allow. When blocks run out, the newest running
+request is preempted: its blocks are freed and it is recomputed later from its tokens.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Optional
+
+from runtime.config import SchedulerConfig
+from runtime.engine.batch import NewRequest, SamplingSpec, ScheduledChunk, SchedulerOutput
+from runtime.engine.kv_cache_manager import KVCacheManager
+from runtime.engine.request import Request, RequestStatus
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+        self.config = config
+        self.kv = kv
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self._step = 0
+        self._scheduled: list[tuple[Request, int]] = []
+        self._finished_ids: list[str] = []
+        self._known_to_worker: set[str] = set()
+        self.num_preemptions = 0
+
+    # -- admission and removal ---------------------------------------------------------------------------
+    def add(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def finish(self, request: Request, status: RequestStatus) -> None:
+        """Take a request out of the batch for good and free its blocks."""
+        if request.status.finished:
+            return
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        request.status = status
+        self.kv.free(request)
+        del self.requests[request.request_id]
+        if request.request_id in self._known_to_worker:
+            self._known_to_worker.discard(request.request_id)
+            self._finished_ids.append(request.request_id)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    # -- one step ---------------------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        self._step += 1
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[tuple[Request, int]] = []
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            n = min(request.num_tokens - request.num_computed_tokens, budget)
+            if self._make_room(request, n):
+                scheduled.append((request, n))
+                budget -= n
+                i += 1
+            else:
+                preempted = True  # the request itself was preempted; i now points past the end
+        if not preempted:
+            budget = self._admit_waiting(scheduled, budget)
+        self._scheduled = scheduled
+        return self._build_output(scheduled)
+
+    def _make_room(self, request: Request, n: int) -> bool:
+        """Allocate for n tokens, preempting the newest running requests until it fits."""
+        while not self.kv.allocate(request, n):
+            victim = self.running.pop()
+            self._preempt(victim)
+            if victim is request:
+                return False
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _admit_waiting(self, scheduled: list[tuple[Request, int]], budget: int) -> int:
+        skipped: list[Request] = []
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            if _blocked_on_sibling(request):
+                skipped.append(self.waiting.popleft())
+                continue
+            cached = self.kv.find_cached_prefix(request)
+            num_cached = len(cached) * self.kv.block_size
+            n = request.num_tokens - num_cached
+            if n > budget and not self.config.enable_chunked_prefill:
+                break
+            n = min(n, budget)
+            if not self.kv.allocate(request, n, cached):
+                break
+            self.waiting.popleft()
+            if request.num_preemptions == 0:
+                self.kv.pool.queries += len(request.prompt_token_ids)
+                self.kv.pool.hits += num_cached
+                request.num_cached_tokens = num_cached
+            request.num_computed_tokens = num_cached
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            scheduled.append((request, n))
+            budget -= n
+        self.waiting.extendleft(reversed(skipped))
+        return budget
+
+    def _build_output(self, scheduled: list[tuple[Request, int]]) -> SchedulerOutput:
+        new_requests = []
+        chunks = []
+        for request, n in scheduled:
+            if request.request_id not in self._known_to_worker:
+                self._known_to_worker.add(request.request_id)
+                new_requests.append(NewRequest(request.request_id, request.prompt_token_ids, _spec(request)))
+            start = request.num_computed_tokens
+            tokens = request.all_token_ids[start:start + n]
+            chunks.append(ScheduledChunk(
+                request.request_id, tokens, start, self.kv.block_ids(request.request_id),
+                sample=start + n == request.num_tokens,
+            ))
+        finished, self._finished_ids = self._finished_ids, []
+        return SchedulerOutput(self._step, new_requests, chunks, finished)
+
+    def update(self, sampled: dict[str, int]) -> list[tuple[Request, int]]:
+        """Advance the requests scheduled last step; returns (request, new token) for those that sampled."""
+        produced = []
+        for request, n in self._scheduled:
+            if request.status is not RequestStatus.RUNNING:
+                continue  # aborted while the step ran
+            request.num_computed_tokens += n
+            self.kv.publish_full_blocks(request)
+            if request.num_computed_tokens == request.num_tokens:
+                token = sampled[request.request_id]
+                request.output_token_ids.append(token)
+                produced.append((request, token))
+        self._scheduled = []
+        return produced
+
+
+def _blocked_on_sibling(request: Request) -> bool:
+    leader: Optional[Request] = request.wait_for
+    if leader is None:
+        return False
+    if leader.status.finished or leader.prompt_done:
+        request.wait_for = None
+        return False
+    return True
+
+
+def _spec(request: Request) -> SamplingSpec:
+    p = request.params
+    return SamplingSpec(
+        temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p, seed=p.seed,
+        presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
+        repetition_penalty=p.repetition_penalty, logit_bias=p.logit_bias, min_tokens=p.min_tokens,
+        stop_token_ids=list(p.stop_token_ids), eos_token_id=None if p.ignore_eos else request.eos_token_id,
+        logprobs=p.logprobs,
+    )

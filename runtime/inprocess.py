@@ -1,0 +1,48 @@
+"""Assemble an engine in the caller's process: load the model, size the KV cache, wire core and runner.
+
+The offline ``LLM`` uses this; the actor runtime splits the same pieces across processes.
+"""
+from __future__ import annotations
+
+import logging
+
+from runtime.config import EngineConfig
+from runtime.engine.core import EngineCore, ModelFacts
+from runtime.model.loader import LoadedModel, load_model
+from runtime.model.runner import ModelRunner, kv_bytes_per_block
+
+log = logging.getLogger("actorserve")
+
+
+def model_facts(loaded: LoadedModel, config: EngineConfig, num_blocks: int) -> ModelFacts:
+    tok = loaded.tokenizer
+    eos = tok.eos_token_id if tok is not None and tok.eos_token_id is not None else loaded.cfg.eos_token_id
+    max_len = config.model.max_model_len or loaded.cfg.max_position_embeddings
+    return ModelFacts(vocab_size=loaded.model.model.embed_tokens.weight.shape[0], eos_token_id=eos,
+                      max_model_len=max_len, num_kv_blocks=num_blocks)
+
+
+def num_kv_blocks(loaded: LoadedModel, config: EngineConfig) -> int:
+    per_block = kv_bytes_per_block(loaded.cfg, config.cache.block_size, loaded.model.model.embed_tokens.weight.dtype)
+    budget = config.cache.resolved_kv_cache_memory()
+    max_len = config.model.max_model_len or loaded.cfg.max_position_embeddings
+    # More than every sequence at full length can never be used.
+    useful = config.scheduler.max_num_seqs * -(-max_len // config.cache.block_size)
+    return max(0, min(budget // per_block, useful))
+
+
+def build_engine(config: EngineConfig) -> tuple[EngineCore, LoadedModel]:
+    m = config.model
+    max_len = m.max_model_len
+    loaded = load_model(m.model, m.dtype, max_positions=None if max_len is None else max(max_len, 1),
+                        tokenizer=m.tokenizer, skip_tokenizer=m.skip_tokenizer_init)
+    if max_len is not None and max_len > loaded.cfg.max_position_embeddings:
+        raise ValueError(f"max_model_len {max_len} exceeds the model's context length "
+                         f"{loaded.cfg.max_position_embeddings}")
+    blocks = num_kv_blocks(loaded, config)
+    runner = ModelRunner(loaded.model, blocks, config.cache.block_size, seed=m.seed)
+    facts = model_facts(loaded, config, blocks)
+    per_block = kv_bytes_per_block(loaded.cfg, config.cache.block_size, loaded.model.model.embed_tokens.weight.dtype)
+    log.info("KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB)", blocks, config.cache.block_size,
+             blocks * config.cache.block_size, blocks * per_block / 2**20)
+    return EngineCore(config, runner, facts, loaded.tokenizer), loaded

@@ -1,0 +1,60 @@
+"""The shape of a decoder-only transformer, read from a GGUF header or an HF config.json."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+SUPPORTED = ("llama", "qwen2", "qwen3")
+
+
+@dataclass(frozen=True)
+class ArchConfig:
+    arch: str  # "llama", "qwen2", "qwen3"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool = False  # q/k/v projections have a bias (Qwen2)
+    qk_norm: bool = False  # RMSNorm on each head of q and k before rotary (Qwen3)
+    rope_scaling: Optional[dict[str, Any]] = field(default=None, hash=False)
+    eos_token_id: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.arch not in SUPPORTED:
+            raise ValueError(f"unsupported architecture {self.arch!r}; supported: {', '.join(SUPPORTED)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any]) -> "ArchConfig":
+        model_type = cfg.get("model_type", "")
+        heads = cfg["num_attention_heads"]
+        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
+        eos = cfg.get("eos_token_id")
+        return cls(
+            arch=model_type,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=float(theta),
+            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+            attention_bias=cfg.get("attention_bias", model_type == "qwen2"),
+            qk_norm=model_type == "qwen3",
+            rope_scaling=dict(rope) if rope_type not in ("default", None) else None,
+            eos_token_id=eos[0] if isinstance(eos, list) else eos,
+        )

@@ -1,0 +1,94 @@
+"""Llama-family decoder (Llama, SmolLM2, Qwen2, Qwen3) over a paged KV cache.
+
+Parameter names follow transformers' checkpoints, so an HF state dict loads as it is and a GGUF file is
+renamed into the same names. Architectures differ only in switches of ArchConfig (qkv bias, q/k norm,
+head_dim, tied embeddings, rope scaling).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from kernels.attention import AttentionBackend, AttentionMetadata
+from runtime.model.arch_config import ArchConfig
+from runtime.model.layers import GatedMLP, RMSNorm, RotaryEmbedding, rope_inv_freq
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.scale = cfg.head_dim ** -0.5
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
+                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
+                backend: AttentionBackend) -> torch.Tensor:
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotary(positions, q, k)
+        out = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        return self.o_proj(out.reshape(t, -1))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x, positions, rotary, kv_cache, meta, backend):
+        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, kv_cache, meta, backend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderBody(nn.Module):
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """Build on the meta device, ``to_empty``, load weights, then ``init_buffers`` (rotary tables)."""
+
+    def __init__(self, cfg: ArchConfig, max_positions: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.max_positions = max_positions
+        self.model = DecoderBody(cfg)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rotary: Optional[RotaryEmbedding] = None
+
+    def init_buffers(self, rope_freq_factors: Optional[torch.Tensor] = None) -> None:
+        cfg = self.cfg
+        inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, rope_freq_factors)
+        device = self.model.embed_tokens.weight.device
+        self.rotary = RotaryEmbedding(cfg.head_dim, self.max_positions, inv_freq).to(device)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
+                backend: AttentionBackend) -> torch.Tensor:
+        x = self.model.embed_tokens(input_ids)
+        for layer, kv in zip(self.model.layers, kv_caches):
+            x = layer(x, positions, self.rotary, kv, meta, backend)
+        return self.model.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return (hidden @ weight.t()).float()

@@ -1,0 +1,112 @@
+"""Read a GGUF file: its architecture config and its tensors, dequantized and renamed to HF names.
+
+llama.cpp stores Llama q/k projections permuted for its interleaved rotary; they are permuted back so
+the rotate-half rotary of the decoder (and of transformers) applies.
+"""
+from __future__ import annotations
+
+import re
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from runtime.errors import ModelLoadError
+from runtime.model.arch_config import ArchConfig
+
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
+
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+ROPE_FREQS = "rope_freqs.weight"  # llama3-style per-frequency divisors, applied to the rotary table
+_BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
+
+
+def _reader(path: str):
+    import gguf
+
+    try:
+        return gguf.GGUFReader(path)
+    except Exception as exc:  # the gguf package raises bare ValueErrors and struct errors on bad files
+        raise ModelLoadError(f"{path} is not a readable GGUF file: {exc}") from exc
+
+
+def _field(reader, key: str, default=None):
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def read_config(reader) -> ArchConfig:
+    arch = _field(reader, "general.architecture")
+    if arch not in ("llama", "qwen2", "qwen3"):
+        raise ModelLoadError(f"unsupported GGUF architecture {arch!r}; supported: llama, qwen2, qwen3")
+    a = lambda key, default=None: _field(reader, f"{arch}.{key}", default)  # noqa: E731
+    names = {t.name for t in reader.tensors}
+    vocab = a("vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
+    heads = a("attention.head_count")
+    hidden = a("embedding_length")
+    return ArchConfig(
+        arch=arch, vocab_size=int(vocab), hidden_size=hidden, intermediate_size=a("feed_forward_length"),
+        num_layers=a("block_count"), num_heads=heads, num_kv_heads=a("attention.head_count_kv", heads),
+        head_dim=a("attention.key_length", hidden // heads), rms_norm_eps=a("attention.layer_norm_rms_epsilon"),
+        rope_theta=float(a("rope.freq_base", 10000.0)), max_position_embeddings=a("context_length", 2048),
+        tie_word_embeddings="output.weight" not in names, attention_bias="blk.0.attn_q.bias" in names,
+        qk_norm="blk.0.attn_q_norm.weight" in names, eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id"),
+    )
+
+
+def _hf_name(name: str) -> str:
+    if name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[name]
+    m = _BLOCK.match(name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    if name == ROPE_FREQS:
+        return name
+    raise ModelLoadError(f"GGUF tensor {name!r} has no place in the model")
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    dim = w.shape[0] // n_head // 2
+    return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
+
+
+def iter_tensors(reader, cfg: ArchConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    from gguf.quants import dequantize
+
+    for t in reader.tensors:
+        kind = t.tensor_type.name
+        if kind not in SUPPORTED_TYPES:
+            raise ModelLoadError(f"GGUF tensor {t.name} has type {kind}; supported: {', '.join(SUPPORTED_TYPES)}")
+        array = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        array = array.reshape([int(d) for d in reversed(t.shape)])
+        name = _hf_name(t.name)
+        if cfg.arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
+            array = _unpermute(array, cfg.num_heads)
+        elif cfg.arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
+            array = _unpermute(array, cfg.num_kv_heads)
+        yield name, torch.from_numpy(np.array(array, copy=not array.flags.writeable, order="C"))
+
+
+def open_gguf(path: str):
+    reader = _reader(path)
+    return reader, read_config(reader)

