@@ -104,7 +104,7 @@ def iter_tensors(reader, cfg: ArchConfig) -> Iterator[tuple[str, torch.Tensor]]:
             array = _unpermute(array, cfg.num_heads)
         elif cfg.arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
             array = _unpermute(array, cfg.num_kv_heads)
-        yield name, torch.from_numpy(np.array(array, copy=not array.flags.writeable, order="C"))
+        yield name, torch.from_numpy(array if array.flags.writeable else array.copy())
 
 
 def open_gguf(path: str):

@@ -50,8 +50,12 @@ class Sampler:
         logits = apply_top_k_top_p(logits, rows)
         probs = logits.softmax(dim=-1)
         noise = torch.empty_like(probs)
+        shared = [i for i, row in enumerate(rows) if row.generator is None]
+        if shared:
+            noise[shared] = torch.empty(len(shared), probs.shape[1]).exponential_(generator=self._generator)
         for i, row in enumerate(rows):
-            noise[i].exponential_(generator=row.generator or self._generator)
+            if row.generator is not None:
+                noise[i].exponential_(generator=row.generator)
         sampled = (probs / noise).argmax(dim=-1)
         return torch.where(torch.tensor(greedy), argmax, sampled)
 

@@ -1,0 +1,37 @@
+"""Acceptance: greedy output of the default model equals the transformers reference, batched and alone."""
+from actorserve import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=64)
+
+
+def test_greedy_matches_reference_as_one_batch(smollm, greedy_reference):
+    prompts = [{"prompt_token_ids": p["prompt_ids"]} for p in greedy_reference["prompts"]]
+    outs = smollm.generate(prompts, GREEDY, use_tqdm=False)
+    for out, ref in zip(outs, greedy_reference["prompts"]):
+        assert out.outputs[0].token_ids == ref["output_ids"], ref["user_prompt"]
+        assert out.outputs[0].text == ref["output_text"]
+        assert out.outputs[0].finish_reason == ("stop" if ref["stopped_on_eos"] else "length")
+
+
+def test_greedy_matches_reference_one_at_a_time(smollm, greedy_reference):
+    for ref in greedy_reference["prompts"]:
+        out = smollm.generate({"prompt_token_ids": ref["prompt_ids"]}, GREEDY, use_tqdm=False)[0]
+        assert out.outputs[0].token_ids == ref["output_ids"], ref["user_prompt"]
+
+
+def test_chat_applies_the_template_like_the_reference(smollm, greedy_reference):
+    conversations = [[{"role": "user", "content": p["user_prompt"]}] for p in greedy_reference["prompts"][:1]]
+    out = smollm.chat(conversations, GREEDY, use_tqdm=False)[0]
+    ref = greedy_reference["prompts"][0]
+    assert out.prompt == ref["templated_prompt"]
+    assert out.prompt_token_ids == ref["prompt_ids"]
+    assert out.outputs[0].text == ref["output_text"]
+
+
+def test_string_prompts_keep_input_order(smollm):
+    prompts = ["The capital of France is", "1, 2, 3, 4,", "Hello"]
+    outs = smollm.generate(prompts, SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+    assert [o.prompt for o in outs] == prompts
+    tok = smollm.get_tokenizer()
+    assert [o.prompt_token_ids for o in outs] == [tok.encode(p) for p in prompts]
+    assert all(len(o.outputs[0].token_ids) == 4 and o.finished for o in outs)

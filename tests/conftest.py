@@ -1,0 +1,63 @@
+"""Shared fixtures: the real default model (loaded once), the reference data, tiny random HF models."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE = ROOT.parent / "shared" / "reference"
+
+
+def reference(name: str) -> dict:
+    path = REFERENCE / name
+    if not path.exists():
+        pytest.fail(f"reference data {path} is missing (shared/ must sit beside the checkout)")
+    return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="session")
+def greedy_reference() -> dict:
+    return reference("smollm2_greedy.json")
+
+
+@pytest.fixture(scope="session")
+def smollm():
+    from actorserve import LLM
+
+    return LLM(kv_cache_memory=256 << 20, max_model_len=2048)
+
+
+def save_tiny_model(kind: str, directory: Path, seed: int = 0, **overrides) -> Path:
+    """A random-initialised transformers model of the given family, saved as an HF directory."""
+    import torch
+    import transformers
+
+    common = dict(vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                  rms_norm_eps=1e-6, tie_word_embeddings=False, eos_token_id=None, bos_token_id=None,
+                  pad_token_id=None)
+    common.update(overrides)
+    klass = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+             "qwen3": transformers.Qwen3Config}[kind]
+    config = klass(**common)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    with torch.no_grad():  # spread the logits so greedy choices are far from ties
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.08)
+    model.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory) -> Path:
+    return save_tiny_model("llama", tmp_path_factory.mktemp("tiny-llama"), tie_word_embeddings=True)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _quiet_tokenizers():
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

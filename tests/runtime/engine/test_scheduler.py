@@ -1,0 +1,118 @@
+"""Scheduling policy on a fake executor: chunked prefill, limits, preemption, abort, n>1 prefix sharing."""
+import random
+
+import pytest
+
+from runtime.config import CacheConfig, EngineConfig, SchedulerConfig
+from runtime.engine.core import EngineCore, ModelFacts
+from runtime.engine.sampling_params import SamplingParams
+from tests.runtime.engine.fake_executor import FakeExecutor, next_token
+
+VOCAB = 1000
+BS = 16
+
+
+def make_engine(num_blocks=256, max_num_seqs=64, budget=256, max_model_len=1024, chunked=True):
+    config = EngineConfig(cache=CacheConfig(block_size=BS),
+                          scheduler=SchedulerConfig(max_num_seqs, budget, chunked))
+    facts = ModelFacts(vocab_size=VOCAB, eos_token_id=None, max_model_len=max_model_len, num_kv_blocks=num_blocks)
+    executor = FakeExecutor(BS, VOCAB)
+    return EngineCore(config, executor, facts), executor
+
+
+def run(engine):
+    outs = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                outs[out.request_id] = out
+    return outs
+
+
+def expected(prompt, n):
+    tokens = list(prompt)
+    for _ in range(n):
+        tokens.append(next_token(tokens, VOCAB))
+    return tokens[len(prompt):]
+
+
+def test_chunked_prefill_respects_the_token_budget():
+    engine, ex = make_engine(budget=32)
+    prompt = list(range(100))
+    engine.add_request("a", prompt, SamplingParams(max_tokens=3))
+    out = run(engine)["a"]
+    assert out.outputs[0].token_ids == expected(prompt, 3)
+    assert ex.max_batch_tokens <= 32
+    assert ex.steps == 4 + 2  # ceil(100 / 32) prefill chunks, then two decodes
+
+
+def test_max_num_seqs_bounds_the_batch():
+    engine, ex = make_engine(max_num_seqs=3)
+    for i in range(7):
+        engine.add_request(str(i), [i + 1] * 5, SamplingParams(max_tokens=4))
+    seen = []
+    while engine.has_unfinished_requests():
+        engine.step()
+        seen.append(len(engine.scheduler.running))
+    assert max(seen) == 3
+
+
+def test_stress_with_preemption_and_shared_prefixes():
+    rng = random.Random(0)
+    shared = [rng.randrange(VOCAB) for _ in range(64)]
+    prompts, params = [], []
+    for i in range(200):
+        n = rng.randint(1, 400)
+        prompt = (shared + [rng.randrange(VOCAB) for _ in range(n)])[:n] if i % 3 == 0 else \
+            [rng.randrange(VOCAB) for _ in range(n)]
+        prompts.append(prompt)
+        params.append(SamplingParams(max_tokens=rng.randint(1, 64), ignore_eos=True))
+    engine, _ = make_engine(num_blocks=64, max_model_len=512)
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        engine.add_request(str(i), p, sp)
+    outs = run(engine)
+    assert len(outs) == 200
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        assert outs[str(i)].outputs[0].token_ids == expected(p, sp.max_tokens), i
+    assert engine.scheduler.num_preemptions > 0
+    assert engine.prefix_cache_hit_tokens > 0
+    assert engine.num_free_blocks == 64
+
+
+def test_abort_frees_blocks_and_others_continue():
+    engine, _ = make_engine(num_blocks=32, max_model_len=512)
+    engine.add_request("a", list(range(40)), SamplingParams(max_tokens=50))
+    engine.add_request("b", list(range(1, 30)), SamplingParams(max_tokens=5))
+    for _ in range(3):
+        engine.step()
+    aborted = engine.abort_request("a")
+    assert aborted.finished and aborted.outputs[0].finish_reason == "abort"
+    outs = run(engine)
+    assert outs["b"].outputs[0].token_ids == expected(list(range(1, 30)), 5)
+    assert engine.num_free_blocks == 32
+
+
+def test_n_samples_share_the_prompt_blocks():
+    engine, _ = make_engine()
+    prompt = list(range(5, 105))
+    engine.add_request("p", prompt, SamplingParams(n=4, max_tokens=3))
+    out = run(engine)["p"]
+    assert [o.index for o in out.outputs] == [0, 1, 2, 3]
+    assert engine.prefix_cache_hit_tokens == 3 * (len(prompt) // BS) * BS
+
+
+def test_length_limit_of_the_context():
+    engine, _ = make_engine(max_model_len=64)
+    engine.add_request("a", list(range(60)), SamplingParams(max_tokens=None))
+    out = run(engine)["a"]
+    assert len(out.outputs[0].token_ids) == 4 and out.outputs[0].finish_reason == "length"
+    with pytest.raises(ValueError, match="max_model_len"):
+        engine.add_request("b", list(range(64)), SamplingParams())
+
+
+def test_without_chunking_a_prompt_waits_for_a_whole_budget():
+    engine, ex = make_engine(budget=128, chunked=False, max_model_len=128)
+    engine.add_request("a", list(range(100)), SamplingParams(max_tokens=2))
+    engine.add_request("b", list(range(100)), SamplingParams(max_tokens=2))
+    run(engine)
+    assert ex.max_batch_tokens <= 128
