@@ -12,8 +12,10 @@ from typing import Any, Optional
 
 BLOCK_SIZE = 16
 _DTYPES = ("float32", "bfloat16", "float16")
-# Fraction of the memory available at start-up that the KV cache may take when no budget is given.
-_DEFAULT_KV_FRACTION = 0.2
+# With no budget given, the KV cache takes this fraction of the memory available at start-up, capped,
+# since the pool is zeroed up front (garbage in unused slots could be NaN, which masking does not hide).
+_DEFAULT_KV_FRACTION = 0.1
+_DEFAULT_KV_CAP = 4 << 30
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,7 @@ class CacheConfig:
         """The budget in bytes: the configured one, else a fraction of the memory free right now."""
         if self.kv_cache_memory is not None:
             return self.kv_cache_memory
-        return int(_available_memory_bytes() * _DEFAULT_KV_FRACTION)
+        return min(int(_available_memory_bytes() * _DEFAULT_KV_FRACTION), _DEFAULT_KV_CAP)
 
 
 @dataclass(frozen=True)

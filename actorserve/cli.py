@@ -1,0 +1,67 @@
+"""The ``actorserve`` command line: ``actorserve generate "PROMPT"`` runs the offline engine once."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="a .gguf file or HF directory (default: embedded SmolLM2)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--kv-cache-memory", type=int, default=None, help="KV cache budget in bytes")
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _engine_kwargs(a: argparse.Namespace) -> dict:
+    return dict(dtype=a.dtype, max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs,
+                max_num_batched_tokens=a.max_num_batched_tokens, kv_cache_memory=a.kv_cache_memory,
+                enable_prefix_caching=not a.no_prefix_caching, seed=a.seed)
+
+
+def _generate(a: argparse.Namespace) -> int:
+    from actorserve import LLM, SamplingParams
+
+    params = SamplingParams(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, max_tokens=a.max_tokens,
+                            seed=a.sampling_seed, stop=a.stop or None, n=a.n)
+    llm = LLM(a.model, **_engine_kwargs(a))
+    if a.chat:
+        outs = llm.chat([{"role": "user", "content": p} for p in a.prompt][:1], params, use_tqdm=False) \
+            if len(a.prompt) == 1 else llm.chat([[{"role": "user", "content": p}] for p in a.prompt], params,
+                                                 use_tqdm=False)
+    else:
+        outs = llm.generate(a.prompt, params, use_tqdm=False)
+    for out in outs:
+        for completion in out.outputs:
+            print(completion.text if a.chat else out.prompt + completion.text)
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="actorserve", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate a completion for one or more prompts")
+    gen.add_argument("prompt", nargs="+")
+    gen.add_argument("--chat", action="store_true", help="apply the chat template to each prompt")
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--n", type=int, default=1)
+    gen.add_argument("--stop", action="append")
+    gen.add_argument("--sampling-seed", type=int, default=None)
+    _engine_args(gen)
+    args = parser.parse_args(argv)
+    try:
+        return {"generate": _generate}[args.command](args)
+    except ValueError as exc:
+        print(f"actorserve: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

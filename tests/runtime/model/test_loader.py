@@ -1,0 +1,141 @@
+"""Weight loading: GGUF of every supported type against transformers, and loud failures."""
+import numpy as np
+import pytest
+import torch
+
+from runtime.errors import ModelLoadError
+from runtime.model.loader import load_model
+from tests.conftest import save_tiny_model
+
+GGUF_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+LAYER = {
+    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def _gguf_name(hf: str) -> str:
+    if hf in GGUF_NAMES:
+        return GGUF_NAMES[hf]
+    _, _, i, rest = hf.split(".", 3)
+    return f"blk.{i}.{LAYER[rest]}"
+
+
+def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """What llama.cpp's converter does to Llama q/k rows."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _random_kquant(shape, qtype, rng):
+    """Valid K-quant bytes (K-quants cannot be quantized by gguf-py): random payload, small fp16 scales."""
+    from gguf import GGML_QUANT_SIZES
+
+    block, size = GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, size=(shape[0], shape[1] // block, size), dtype=np.uint8)
+    scale = np.frombuffer(np.float16(0.002).tobytes(), dtype=np.uint8)
+    if qtype.name == "Q4_K":
+        raw[..., 0:2] = scale
+        raw[..., 2:4] = scale
+    else:  # Q6_K keeps d last
+        raw[..., -2:] = scale
+    return raw.reshape(shape[0], -1)
+
+
+def _write_gguf(hf_dir, path, qtype_name, dims):
+    """Write the HF model as llama.cpp would (q/k rows permuted); returns the weights the file holds.
+
+    Every 2-D weight takes qtype; K-quants, which gguf-py cannot quantize, get random valid blocks in the
+    MLP and F32 elsewhere.
+    """
+    import gguf
+    from gguf import GGMLQuantizationType as T
+    from gguf import quants
+    from safetensors.torch import load_file
+
+    qtype = T[qtype_name]
+    hidden, heads, head_dim = dims
+    state = load_file(str(hf_dir / "model.safetensors"))
+    rng = np.random.default_rng(0)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for key, value in [("block_count", 2), ("context_length", 1024), ("embedding_length", hidden),
+                       ("feed_forward_length", 256), ("attention.head_count", heads),
+                       ("attention.head_count_kv", 2), ("vocab_size", 384), ("attention.key_length", head_dim)]:
+        writer.add_uint32(f"llama.{key}", value)
+    writer.add_float32("llama.rope.freq_base", 10000.0)
+    writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-6)
+    expected = {}
+    for name, tensor in state.items():
+        w = tensor.numpy().astype(np.float32)
+        if qtype_name in ("Q4_K", "Q6_K") and "mlp" in name:
+            data = _random_kquant(w.shape, qtype, rng)
+            expected[name] = quants.dequantize(data, qtype).reshape(w.shape)
+            writer.add_tensor(_gguf_name(name), data, raw_dtype=qtype)
+        elif w.ndim == 1 or qtype in (T.F32, T.Q4_K, T.Q6_K):
+            expected[name] = w
+            writer.add_tensor(_gguf_name(name), _maybe_permute(name, w, heads))
+        else:  # quantization is per row, so permuting rows before or after it is the same
+            expected[name] = quants.dequantize(quants.quantize(w, qtype), qtype).reshape(w.shape)
+            writer.add_tensor(_gguf_name(name), quants.quantize(_maybe_permute(name, w, heads), qtype),
+                              raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)) for k, v in expected.items()}
+
+
+def _maybe_permute(name, w, heads):
+    if "q_proj" in name:
+        return _permute(w, heads)
+    if "k_proj" in name:
+        return _permute(w, 2)
+    return w
+
+
+@pytest.mark.parametrize("qtype", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"])
+def test_gguf_types_load_exactly(qtype, tmp_path):
+    """Every parameter equals the file's dequantized weight with q/k rows un-permuted."""
+    dims = (256, 4, 64)  # K-quant rows must be multiples of 256
+    hf_dir = save_tiny_model("llama", tmp_path / "hf", seed=3, hidden_size=dims[0], intermediate_size=256,
+                             num_attention_heads=dims[1], head_dim=dims[2])
+    path = tmp_path / f"tiny-{qtype}.gguf"
+    expected = _write_gguf(hf_dir, path, qtype, dims)
+    loaded = load_model(str(path), skip_tokenizer=True)
+    assert loaded.cfg.head_dim == 64 and not loaded.cfg.tie_word_embeddings
+    ours = dict(loaded.model.named_parameters())
+    assert set(ours) == set(expected)
+    for name, value in expected.items():
+        torch.testing.assert_close(ours[name], value, rtol=0, atol=0, msg=name)
+
+
+def test_missing_parameter_is_named(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    hf_dir = save_tiny_model("qwen2", tmp_path / "q", seed=0)
+    state = load_file(str(hf_dir / "model.safetensors"))
+    del state["model.layers.1.self_attn.k_proj.bias"]
+    save_file(state, str(hf_dir / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match=r"model\.layers\.1\.self_attn\.k_proj\.bias"):
+        load_model(str(hf_dir), skip_tokenizer=True)
+
+
+def test_unknown_tensor_and_bad_shape_are_errors(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    hf_dir = save_tiny_model("llama", tmp_path / "l", seed=0)
+    state = load_file(str(hf_dir / "model.safetensors"))
+    state["model.layers.0.mystery.weight"] = torch.zeros(3)
+    save_file(state, str(hf_dir / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match="mystery"):
+        load_model(str(hf_dir), skip_tokenizer=True)
+    del state["model.layers.0.mystery.weight"]
+    state["model.norm.weight"] = torch.zeros(65)
+    save_file(state, str(hf_dir / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match="model.norm.weight"):
+        load_model(str(hf_dir), skip_tokenizer=True)
