@@ -30,9 +30,7 @@ def _generate(a: argparse.Namespace) -> int:
                             seed=a.sampling_seed, stop=a.stop or None, n=a.n)
     llm = LLM(a.model, **_engine_kwargs(a))
     if a.chat:
-        outs = llm.chat([{"role": "user", "content": p} for p in a.prompt][:1], params, use_tqdm=False) \
-            if len(a.prompt) == 1 else llm.chat([[{"role": "user", "content": p}] for p in a.prompt], params,
-                                                 use_tqdm=False)
+        outs = llm.chat([[{"role": "user", "content": p}] for p in a.prompt], params, use_tqdm=False)
     else:
         outs = llm.generate(a.prompt, params, use_tqdm=False)
     for out in outs:

@@ -22,8 +22,7 @@ def model_facts(loaded: LoadedModel, config: EngineConfig, num_blocks: int) -> M
                       max_model_len=max_len, num_kv_blocks=num_blocks)
 
 
-def num_kv_blocks(loaded: LoadedModel, config: EngineConfig) -> int:
-    per_block = kv_bytes_per_block(loaded.cfg, config.cache.block_size, loaded.model.model.embed_tokens.weight.dtype)
+def num_kv_blocks(loaded: LoadedModel, config: EngineConfig, per_block: int) -> int:
     budget = config.cache.resolved_kv_cache_memory()
     max_len = config.model.max_model_len or loaded.cfg.max_position_embeddings
     # More than every sequence at full length can never be used.
@@ -39,10 +38,10 @@ def build_engine(config: EngineConfig) -> tuple[EngineCore, LoadedModel]:
     if max_len is not None and max_len > loaded.cfg.max_position_embeddings:
         raise ValueError(f"max_model_len {max_len} exceeds the model's context length "
                          f"{loaded.cfg.max_position_embeddings}")
-    blocks = num_kv_blocks(loaded, config)
+    per_block = kv_bytes_per_block(loaded.cfg, config.cache.block_size, loaded.model.model.embed_tokens.weight.dtype)
+    blocks = num_kv_blocks(loaded, config, per_block)
     runner = ModelRunner(loaded.model, blocks, config.cache.block_size, seed=m.seed)
     facts = model_facts(loaded, config, blocks)
-    per_block = kv_bytes_per_block(loaded.cfg, config.cache.block_size, loaded.model.model.embed_tokens.weight.dtype)
     log.info("KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB)", blocks, config.cache.block_size,
              blocks * config.cache.block_size, blocks * per_block / 2**20)
     return EngineCore(config, runner, facts, loaded.tokenizer), loaded

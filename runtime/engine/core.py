@@ -144,6 +144,7 @@ class EngineCore:
             changed[group.output.request_id] = group
         outputs = []
         for request_id, group in changed.items():
+            group.output.num_cached_tokens = group.sequences[0].request.num_cached_tokens
             if all(s.output.finished() for s in group.sequences):
                 group.output.finished = True
                 del self._groups[request_id]
@@ -184,10 +185,10 @@ class EngineCore:
         return None
 
     def _logprob_entry(self, token: int, lp: TokenLogprobs) -> dict[int, Logprob]:
-        entry = {tid: Logprob(v, rank + 1, self._decode_one(tid))
-                 for rank, (tid, v) in enumerate(zip(lp.top_token_ids, lp.top_logprobs))}
-        if token not in entry:
-            entry[token] = Logprob(lp.logprob, lp.rank, self._decode_one(token))
+        """The sampled token first, then the top-N (as vLLM orders them)."""
+        entry = {token: Logprob(lp.logprob, lp.rank, self._decode_one(token))}
+        for rank, (tid, value) in enumerate(zip(lp.top_token_ids, lp.top_logprobs), start=1):
+            entry.setdefault(tid, Logprob(value, rank, self._decode_one(tid)))
         return entry
 
     def _decode_one(self, token: int) -> Optional[str]:

@@ -6,7 +6,7 @@ Range checks happen at construction; checks that need the model (token ids again
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional, Union
 
 _GREEDY_EPS = 1e-5

@@ -46,6 +46,7 @@ def test_stop_strings_tokens_logprobs_on_the_default_model(smollm, greedy_refere
     assert len(out.logprobs) == 6
     for token, entry in zip(out.token_ids, out.logprobs):
         assert entry[token].rank == 1 and len(entry) == 2  # greedy: the sampled token is the top one
+        assert next(iter(entry)) == token
         assert entry[token].decoded_token == smollm.get_tokenizer().decode([token])
     assert out.cumulative_logprob == pytest.approx(sum(e[t].logprob for t, e in zip(out.token_ids, out.logprobs)))
 

@@ -116,3 +116,13 @@ def test_without_chunking_a_prompt_waits_for_a_whole_budget():
     engine.add_request("b", list(range(100)), SamplingParams(max_tokens=2))
     run(engine)
     assert ex.max_batch_tokens <= 128
+
+
+def test_prefix_hits_are_reported_per_request():
+    engine, _ = make_engine()
+    prompt = list(range(3, 70))
+    engine.add_request("a", prompt, SamplingParams(max_tokens=2))
+    run(engine)
+    engine.add_request("b", prompt + [1, 2], SamplingParams(max_tokens=2))
+    out = run(engine)["b"]
+    assert out.num_cached_tokens == 64
