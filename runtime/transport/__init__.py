@@ -1,0 +1,1 @@
+"""How actors talk: the wire types, their codec, and the retained-send FIFO for buffers in flight."""

@@ -1,0 +1,113 @@
+"""Every wire type, one tagged union, one protocol version.
+
+Runs in every process. The frontend sends AddRequest / AbortRequest to the scheduler and receives
+RequestOutputDelta; the scheduler sends ExecuteBatch to the first worker and receives StepResult from the
+last. Control-plane pings (HealthPing / HealthPong) and typed errors (ErrorReply) travel the same way.
+Structs are frozen and decoded by type; nothing is pickled. A new message means a Struct here, a member of
+``Message``, a ``handle_*`` on the receiving actor and a round-trip test.
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import msgspec
+
+from runtime.engine.batch import ModelRunnerOutput, SchedulerOutput
+
+PROTOCOL_VERSION = 1
+
+
+class WireSamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
+    """SamplingParams as a client sends them; unset fields take vLLM's defaults."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: Optional[int] = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: Optional[dict[int, float]] = None
+    stop: Optional[list[str]] = None
+    stop_token_ids: Optional[list[int]] = None
+    ignore_eos: bool = False
+    max_tokens: Optional[int] = 16
+    min_tokens: int = 0
+    logprobs: Optional[int] = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+
+class AddRequest(msgspec.Struct, tag="add_request", frozen=True):
+    request_id: str
+    params: WireSamplingParams
+    prompt_token_ids: Optional[list[int]] = None
+    prompt: Optional[str] = None  # tokenized by the receiver when no ids are given
+    version: int = PROTOCOL_VERSION
+
+
+class AbortRequest(msgspec.Struct, tag="abort_request", frozen=True):
+    request_id: str
+
+
+class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
+    token_id: int
+    logprob: float
+    rank: int
+    decoded_token: Optional[str]
+
+
+class SampleDelta(msgspec.Struct, frozen=True):
+    """What one of a request's n samples produced since the last delta."""
+
+    index: int
+    token_ids: list[int]
+    text: str
+    logprobs: Optional[list[list[TokenLogprob]]] = None
+    finish_reason: Optional[str] = None
+    stop_reason: Union[int, str, None] = None
+
+
+class RequestOutputDelta(msgspec.Struct, tag="request_output", frozen=True):
+    request_id: str
+    samples: list[SampleDelta]
+    finished: bool
+    prompt_token_ids: Optional[list[int]] = None  # sent with the first delta only
+    num_cached_tokens: int = 0
+
+
+class ErrorReply(msgspec.Struct, tag="error", frozen=True):
+    """A typed failure: kind is the exception class name (ValueError, EngineDeadError, ProtocolError)."""
+
+    kind: str
+    message: str
+    request_id: Optional[str] = None
+
+
+class HealthPing(msgspec.Struct, tag="health_ping", frozen=True):
+    nonce: int
+
+
+class HealthPong(msgspec.Struct, tag="health_pong", frozen=True):
+    nonce: int
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+
+
+class ExecuteBatch(msgspec.Struct, tag="execute_batch", frozen=True):
+    batch: SchedulerOutput
+
+
+class StepResult(msgspec.Struct, tag="step_result", frozen=True):
+    result: ModelRunnerOutput
+
+
+class Shutdown(msgspec.Struct, tag="shutdown", frozen=True):
+    reason: str = ""
+
+
+Message = Union[AddRequest, AbortRequest, RequestOutputDelta, ErrorReply, HealthPing, HealthPong,
+                ExecuteBatch, StepResult, Shutdown]
