@@ -72,6 +72,29 @@ class SchedulerConfig:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
 
 
+_MODES = ("multiprocess", "inprocess")
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """How the actors are laid out and supervised."""
+
+    mode: str = "multiprocess"  # or "inprocess": the same actors on the caller's loop
+    client_address: Optional[str] = None  # the scheduler's client socket; None: an ipc:// path in a temp dir
+    start_timeout: float = 300.0  # seconds for every child to load and report ready
+    shutdown_timeout: float = 5.0  # seconds from close() or SIGTERM until every child has exited
+    health_timeout: float = 5.0  # a health ping not answered in this long means the engine is stuck
+
+    def validate(self) -> None:
+        if self.mode not in _MODES:
+            raise ValueError(f"mode must be one of {_MODES}, got {self.mode!r}")
+        if self.client_address is not None and not self.client_address.startswith(("ipc://", "tcp://")):
+            raise ValueError(f"client_address must be ipc:// or tcp://, got {self.client_address!r}")
+        for name in ("start_timeout", "shutdown_timeout", "health_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """The whole tree."""
@@ -79,11 +102,13 @@ class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
     def validate(self) -> "EngineConfig":
         self.model.validate()
         self.cache.validate()
         self.scheduler.validate()
+        self.runtime.validate()
         if not self.scheduler.enable_chunked_prefill and self.model.max_model_len is not None:
             if self.scheduler.max_num_batched_tokens < self.model.max_model_len:
                 raise ValueError(
@@ -96,21 +121,16 @@ class EngineConfig:
     @classmethod
     def from_engine_args(cls, model: Optional[str] = None, **engine_args: Any) -> "EngineConfig":
         """Sort vLLM-style flat keyword arguments into the tree; an unknown name is a TypeError."""
-        parts: dict[str, dict[str, Any]] = {"model": {"model": model}, "cache": {}, "scheduler": {}}
-        owners = {
-            name: section
-            for section, klass in (("model", ModelConfig), ("cache", CacheConfig), ("scheduler", SchedulerConfig))
-            for name in (f.name for f in dataclasses.fields(klass))
-        }
+        sections = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig,
+                    "runtime": RuntimeConfig}
+        parts: dict[str, dict[str, Any]] = {name: {} for name in sections}
+        parts["model"]["model"] = model
+        owners = {f.name: section for section, klass in sections.items() for f in dataclasses.fields(klass)}
         for name, value in engine_args.items():
             if name not in owners:
                 raise TypeError(f"unknown engine argument {name!r}")
             parts[owners[name]][name] = value
-        return cls(
-            model=ModelConfig(**parts["model"]),
-            cache=CacheConfig(**parts["cache"]),
-            scheduler=SchedulerConfig(**parts["scheduler"]),
-        ).validate()
+        return cls(**{name: klass(**parts[name]) for name, klass in sections.items()}).validate()
 
 
 def _available_memory_bytes() -> int:

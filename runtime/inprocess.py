@@ -30,18 +30,23 @@ def num_kv_blocks(loaded: LoadedModel, config: EngineConfig, per_block: int) -> 
     return max(0, min(budget // per_block, useful))
 
 
-def build_engine(config: EngineConfig) -> tuple[EngineCore, LoadedModel]:
+def load_worker(config: EngineConfig, with_tokenizer: bool) -> tuple[ModelRunner, ModelFacts, LoadedModel]:
+    """Load the weights, size and allocate the KV cache: what a worker does at start-up."""
     m = config.model
     max_len = m.max_model_len
-    loaded = load_model(m.model, m.dtype, max_positions=None if max_len is None else max(max_len, 1),
-                        tokenizer=m.tokenizer, skip_tokenizer=m.skip_tokenizer_init)
+    loaded = load_model(m.model, m.dtype, max_positions=max_len, tokenizer=m.tokenizer,
+                        skip_tokenizer=m.skip_tokenizer_init or not with_tokenizer)
     if max_len is not None and max_len > loaded.cfg.max_position_embeddings:
         raise ValueError(f"max_model_len {max_len} exceeds the model's context length "
                          f"{loaded.cfg.max_position_embeddings}")
     per_block = kv_bytes_per_block(loaded.cfg, config.cache.block_size, loaded.model.model.embed_tokens.weight.dtype)
     blocks = num_kv_blocks(loaded, config, per_block)
     runner = ModelRunner(loaded.model, blocks, config.cache.block_size, seed=m.seed)
-    facts = model_facts(loaded, config, blocks)
     log.info("KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB)", blocks, config.cache.block_size,
              blocks * config.cache.block_size, blocks * per_block / 2**20)
+    return runner, model_facts(loaded, config, blocks), loaded
+
+
+def build_engine(config: EngineConfig) -> tuple[EngineCore, LoadedModel]:
+    runner, facts, loaded = load_worker(config, with_tokenizer=True)
     return EngineCore(config, runner, facts, loaded.tokenizer), loaded

@@ -15,7 +15,7 @@ from runtime.config import EngineConfig
 from runtime.engine.batch import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
 from runtime.engine.detokenizer import IncrementalDetokenizer
 from runtime.engine.kv_cache_manager import KVCacheManager
-from runtime.engine.outputs import CompletionOutput, Logprob, RequestOutput
+from runtime.engine.outputs import CompletionOutput, Logprob, RequestOutput, RequestUpdate, SampleUpdate
 from runtime.engine.request import Request, RequestStatus
 from runtime.engine.sampling_params import SamplingParams, verify_prompt_token_ids
 from runtime.engine.scheduler import Scheduler
@@ -42,6 +42,14 @@ class _Sequence:
         self.request = request
         self.output = output
         self.detok = detok
+        self.sent_tokens = 0  # tokens already handed out in updates
+
+    def take_update(self) -> SampleUpdate:
+        out = self.output
+        start, self.sent_tokens = self.sent_tokens, len(out.token_ids)
+        text = self.detok.take_new_text(final=out.finished()) if self.detok is not None else ""
+        logprobs = out.logprobs[start:] if out.logprobs is not None else None
+        return SampleUpdate(out.index, out.token_ids[start:], text, logprobs, out.finish_reason, out.stop_reason)
 
 
 class _Group:
@@ -110,48 +118,56 @@ class EngineCore:
         cumulative = 0.0 if params.logprobs is not None else None
         return _Sequence(request, CompletionOutput(index, logprobs=logprobs, cumulative_logprob=cumulative), detok)
 
-    def abort_request(self, request_id: str) -> Optional[RequestOutput]:
+    def abort_request(self, request_id: str) -> Optional[RequestUpdate]:
+        """Stop a request and free its blocks; the update ends each unfinished sample with "abort"."""
         group = self._groups.pop(request_id, None)
         if group is None:
             return None
+        samples = []
         for seq in group.sequences:
             self._by_seq.pop(seq.request.request_id, None)
             if not seq.output.finished():
                 seq.output.finish_reason = "abort"
                 self.scheduler.finish(seq.request, RequestStatus.FINISHED_ABORTED)
+                samples.append(seq.take_update())
         group.output.finished = True
-        return group.output
+        return RequestUpdate(group.output, samples)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._groups)
 
     # -- one step -----------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one engine step; returns the (cumulative) outputs of requests that changed."""
-        if not self.scheduler.has_unfinished():
+        """Run one engine step with the local executor; returns the cumulative outputs that changed."""
+        batch = self.schedule()
+        if batch is None:
             return []
-        batch = self.scheduler.schedule()
-        if not batch.chunks:
-            return []
-        result = self.executor.execute(batch)
-        return self.apply(result)
+        return [u.output for u in self.apply(self.executor.execute(batch))]
 
-    def apply(self, result: ModelRunnerOutput) -> list[RequestOutput]:
-        changed: dict[str, _Group] = {}
+    def schedule(self) -> Optional[SchedulerOutput]:
+        """The next step's batch, or None when there is nothing to run."""
+        if not self.scheduler.has_unfinished():
+            return None
+        batch = self.scheduler.schedule()
+        return batch if batch.chunks else None
+
+    def apply(self, result: ModelRunnerOutput) -> list[RequestUpdate]:
+        """Take a step's sampled tokens; returns an update for every request that changed."""
+        changed: dict[str, tuple[_Group, list[_Sequence]]] = {}
         for request, token in self.scheduler.update(result.sampled):
             group, seq = self._by_seq[request.request_id]
             self._append(seq, token, result.logprobs.get(request.request_id))
-            changed[group.output.request_id] = group
-        outputs = []
-        for request_id, group in changed.items():
+            changed.setdefault(group.output.request_id, (group, []))[1].append(seq)
+        updates = []
+        for request_id, (group, seqs) in changed.items():
             group.output.num_cached_tokens = group.sequences[0].request.num_cached_tokens
             if all(s.output.finished() for s in group.sequences):
                 group.output.finished = True
                 del self._groups[request_id]
                 for seq in group.sequences:
                     self._by_seq.pop(seq.request.request_id, None)
-            outputs.append(group.output)
-        return outputs
+            updates.append(RequestUpdate(group.output, [s.take_update() for s in seqs]))
+        return updates
 
     def _append(self, seq: _Sequence, token: int, logprobs: Optional[TokenLogprobs]) -> None:
         out, request = seq.output, seq.request

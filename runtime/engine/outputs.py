@@ -34,3 +34,23 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = False
     num_cached_tokens: int = 0
+
+
+@dataclass
+class SampleUpdate:
+    """What one sample produced since its last update: the streaming delta."""
+
+    index: int
+    token_ids: list[int]
+    text: str
+    logprobs: Optional[list[dict[int, Logprob]]]
+    finish_reason: Optional[str]
+    stop_reason: Union[int, str, None]
+
+
+@dataclass
+class RequestUpdate:
+    """One step's news for a request: the cumulative output and the per-sample deltas."""
+
+    output: RequestOutput
+    samples: list[SampleUpdate]

@@ -2,7 +2,7 @@
 
 Runs in every process. The frontend sends AddRequest / AbortRequest to the scheduler and receives
 RequestOutputDelta; the scheduler sends ExecuteBatch to the first worker and receives StepResult from the
-last. Control-plane pings (HealthPing / HealthPong) and typed errors (ErrorReply) travel the same way.
+last (which announces itself with WorkerReady once loaded). Control-plane pings (HealthPing / HealthPong) and typed errors (ErrorReply) travel the same way.
 Structs are frozen and decoded by type; nothing is pickled. A new message means a Struct here, a member of
 ``Message``, a ``handle_*`` on the receiving actor and a round-trip test.
 """
@@ -105,9 +105,19 @@ class StepResult(msgspec.Struct, tag="step_result", frozen=True):
     result: ModelRunnerOutput
 
 
+class WorkerReady(msgspec.Struct, tag="worker_ready", frozen=True):
+    """A worker loaded its stage and sized its KV cache; the scheduler builds its engine from this."""
+
+    rank: int
+    vocab_size: int
+    eos_token_id: Optional[int]
+    max_model_len: int
+    num_kv_blocks: int
+
+
 class Shutdown(msgspec.Struct, tag="shutdown", frozen=True):
     reason: str = ""
 
 
 Message = Union[AddRequest, AbortRequest, RequestOutputDelta, ErrorReply, HealthPing, HealthPong,
-                ExecuteBatch, StepResult, Shutdown]
+                ExecuteBatch, StepResult, WorkerReady, Shutdown]

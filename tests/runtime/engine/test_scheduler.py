@@ -86,7 +86,8 @@ def test_abort_frees_blocks_and_others_continue():
     for _ in range(3):
         engine.step()
     aborted = engine.abort_request("a")
-    assert aborted.finished and aborted.outputs[0].finish_reason == "abort"
+    assert aborted.output.finished and aborted.output.outputs[0].finish_reason == "abort"
+    assert aborted.samples[0].finish_reason == "abort"
     outs = run(engine)
     assert outs["b"].outputs[0].token_ids == expected(list(range(1, 30)), 5)
     assert engine.num_free_blocks == 32
@@ -126,3 +127,20 @@ def test_prefix_hits_are_reported_per_request():
     engine.add_request("b", prompt + [1, 2], SamplingParams(max_tokens=2))
     out = run(engine)["b"]
     assert out.num_cached_tokens == 64
+
+
+def test_updates_are_deltas_that_add_up():
+    engine, _ = make_engine()
+    prompt = list(range(20))
+    engine.add_request("a", prompt, SamplingParams(n=2, max_tokens=5, seed=1, temperature=1.0))
+    got = {0: [], 1: []}
+    finals = {}
+    while engine.has_unfinished_requests():
+        batch = engine.schedule()
+        for update in engine.apply(engine.executor.execute(batch)):
+            for s in update.samples:
+                got[s.index] += s.token_ids
+                if s.finish_reason:
+                    finals[s.index] = s.finish_reason
+    assert got[0] == got[1] == expected(prompt, 5)
+    assert finals == {0: "length", 1: "length"}

@@ -23,6 +23,7 @@ EXAMPLES = [
     m.ExecuteBatch(SchedulerOutput(4, [NewRequest("a", [1, 2], SPEC)],
                                    [ScheduledChunk("a", [1, 2], 0, [3], True)], ["old"])),
     m.StepResult(ModelRunnerOutput(4, {"a": 9}, {"a": TokenLogprobs(-0.5, 2, [1, 9], [-0.1, -0.5])})),
+    m.WorkerReady(0, 49152, 2, 8192, 100),
     m.Shutdown("test"),
 ]
 

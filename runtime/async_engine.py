@@ -1,0 +1,115 @@
+"""The embedded async API: ``AsyncEngine`` inside any asyncio app.
+
+Runs in the caller's process: it launches the actors (child processes by default, or in-process) and
+talks to the scheduler through a ZmqClient, the same protocol external clients use. A dead child turns
+every open stream into EngineDeadError at once and makes new calls fail fast.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, AsyncIterator, Optional
+
+import zmq.asyncio
+
+from runtime.client import PromptInput, ZmqClient
+from runtime.config import EngineConfig
+from runtime.engine.outputs import RequestOutput
+from runtime.engine.sampling_params import SamplingParams
+from runtime.errors import EngineDeadError
+from runtime.launcher import InProcessEngine, MultiprocessEngine
+
+log = logging.getLogger("actorserve")
+
+
+class AsyncEngine:
+    def __init__(self, model: Optional[str] = None, **engine_args: Any) -> None:
+        self.config = EngineConfig.from_engine_args(model, **engine_args)
+        self._ctx = zmq.asyncio.Context()
+        self._backend = None
+        self._client: Optional[ZmqClient] = None
+        self._start_lock: Optional[asyncio.Lock] = None
+        self._dead: Optional[EngineDeadError] = None
+        self._closed = False
+
+    @classmethod
+    async def create(cls, model: Optional[str] = None, **engine_args: Any) -> "AsyncEngine":
+        engine = cls(model, **engine_args)
+        await engine.start()
+        return engine
+
+    async def start(self) -> None:
+        """Launch the actors and wait until they are ready; a start-up failure raises here, promptly."""
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            if self._backend is not None:
+                return
+            if self._closed:
+                raise EngineDeadError("the engine is closed")
+            inproc = self.config.runtime.mode == "inprocess"
+            backend = InProcessEngine(self.config, self._ctx) if inproc else MultiprocessEngine(self.config)
+            await backend.start(self._on_death)
+            self._client = ZmqClient(backend.addresses.client, self._ctx)
+            self._backend = backend
+
+    @property
+    def is_dead(self) -> bool:
+        return self._dead is not None
+
+    @property
+    def info(self) -> dict:
+        """What the scheduler reported at start-up (vocab_size, max_model_len, num_kv_blocks)."""
+        return self._backend.info if self._backend is not None else {}
+
+    def child_pids(self) -> dict[str, int]:
+        return self._backend.pids() if self._backend is not None else {}
+
+    def _on_death(self, name: str, exitcode: Optional[int]) -> None:
+        self._dead = EngineDeadError(f"the engine is dead: {name} exited (code {exitcode})")
+        if self._client is not None:
+            self._client.fail_all(self._dead)
+
+    async def generate(self, prompt: PromptInput, sampling_params: Optional[SamplingParams] = None,
+                       request_id: Optional[str] = None) -> AsyncIterator[RequestOutput]:
+        """Stream cumulative RequestOutputs; cancelling or leaving the loop aborts the request."""
+        if self._dead is not None:
+            raise self._dead
+        await self.start()
+        async for out in self._client.generate(prompt, sampling_params, request_id):
+            yield out
+
+    async def abort(self, request_id: str) -> None:
+        if self._client is not None:
+            await self._client.abort(request_id)
+
+    async def check_health(self) -> None:
+        """Raises EngineDeadError if a process died or the scheduler's loop does not answer in time."""
+        if self._dead is not None:
+            raise self._dead
+        await self.start()
+        try:
+            await self._client.check_health(self.config.runtime.health_timeout)
+        except asyncio.TimeoutError:
+            raise EngineDeadError(f"the scheduler did not answer a health ping in "
+                                  f"{self.config.runtime.health_timeout} s") from None
+
+    async def close(self) -> None:
+        """Abort what is in flight, stop every actor, and wait for the processes (within the deadline)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._backend is not None:
+            if self._dead is None:
+                await self._client.shutdown_server("close")
+                self._client.fail_all(EngineDeadError("the engine was closed"))
+            await self._backend.stop()
+            await self._client.close()
+        self._ctx.term()
+
+    async def __aenter__(self) -> "AsyncEngine":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.close()

@@ -1,0 +1,167 @@
+"""The reference client of the ZMQ protocol (docs/protocol.md), and the embedded engine's front door.
+
+Runs in the caller's process. One DEALER socket to the scheduler's ROUTER; a receive task routes each
+RequestOutputDelta to its request's stream, and HealthPong to the ping waiting for it. Streams yield
+cumulative vLLM-shaped RequestOutputs. Leaving a stream early (break, cancel) sends AbortRequest.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import uuid
+from typing import AsyncIterator, Optional, Union
+
+import zmq.asyncio
+
+from runtime.engine.outputs import CompletionOutput, Logprob, RequestOutput
+from runtime.engine.sampling_params import SamplingParams
+from runtime.errors import EngineDeadError
+from runtime.transport.channel import Channel
+from runtime.transport.messages import (AbortRequest, AddRequest, ErrorReply, HealthPing, HealthPong,
+                                        RequestOutputDelta, Shutdown, WireSamplingParams)
+
+PromptInput = Union[str, list[int], dict]
+
+
+class ZmqClient:
+    def __init__(self, address: str, ctx: Optional[zmq.asyncio.Context] = None) -> None:
+        self.address = address
+        self._own_ctx = ctx is None
+        self._ctx = ctx or zmq.asyncio.Context()
+        self._channel: Optional[Channel] = None
+        self._streams: dict[str, asyncio.Queue] = {}
+        self._pings: dict[int, asyncio.Future] = {}
+        self._nonces = itertools.count(1)
+        self._receiver: Optional[asyncio.Task] = None
+        self._dead: Optional[BaseException] = None
+
+    def _connect(self) -> Channel:
+        if self._channel is None:
+            self._channel = Channel(self._ctx, "dealer", self.address, bind=False,
+                                    identity=uuid.uuid4().hex.encode())
+            self._receiver = asyncio.ensure_future(self._receive())
+        return self._channel
+
+    async def _receive(self) -> None:
+        while True:
+            envelope = await self._channel.recv()
+            message = envelope.message
+            if isinstance(message, RequestOutputDelta):
+                queue = self._streams.get(message.request_id)
+                if queue is not None:
+                    queue.put_nowait(message)
+            elif isinstance(message, HealthPong):
+                fut = self._pings.pop(message.nonce, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(message)
+            elif isinstance(message, ErrorReply) and message.request_id in self._streams:
+                self._streams[message.request_id].put_nowait(_error(message))
+
+    def fail_all(self, exc: BaseException) -> None:
+        """The engine died: every open stream and ping raises exc, and so does every later call."""
+        self._dead = exc
+        for queue in self._streams.values():
+            queue.put_nowait(exc)
+        for fut in self._pings.values():
+            if not fut.done():
+                fut.set_exception(exc)
+        self._pings.clear()
+
+    async def generate(self, prompt: PromptInput, params: Optional[SamplingParams] = None,
+                       request_id: Optional[str] = None) -> AsyncIterator[RequestOutput]:
+        """Stream cumulative outputs of one request. A ValueError from the engine is raised here."""
+        if self._dead is not None:
+            raise self._dead
+        params = params or SamplingParams()
+        request_id = request_id or uuid.uuid4().hex
+        if request_id in self._streams:
+            raise ValueError(f"request_id {request_id!r} is already streaming")
+        text, ids = _split_prompt(prompt)
+        queue: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = queue
+        output = RequestOutput(request_id, text, list(ids or []), [CompletionOutput(i) for i in range(params.n)])
+        finished = False
+        try:
+            await self._connect().send(AddRequest(request_id, to_wire(params), ids, text))
+            while not finished:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = _apply(output, item)
+                yield output
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished and self._dead is None and self._channel is not None:
+                await self._channel.send(AbortRequest(request_id))
+
+    async def abort(self, request_id: str) -> None:
+        if self._dead is None:
+            await self._connect().send(AbortRequest(request_id))
+
+    async def check_health(self, timeout: float = 5.0) -> HealthPong:
+        """A ping through the scheduler's loop: a stuck loop times out (asyncio.TimeoutError)."""
+        if self._dead is not None:
+            raise self._dead
+        nonce = next(self._nonces)
+        fut = asyncio.get_running_loop().create_future()
+        self._pings[nonce] = fut
+        await self._connect().send(HealthPing(nonce))
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self._pings.pop(nonce, None)
+
+    async def shutdown_server(self, reason: str = "client asked") -> None:
+        await self._connect().send(Shutdown(reason))
+
+    async def close(self) -> None:
+        if self._receiver is not None:
+            self._receiver.cancel()
+            await asyncio.gather(self._receiver, return_exceptions=True)
+        if self._channel is not None:
+            self._channel.close()
+        if self._own_ctx:
+            self._ctx.term()
+
+
+def to_wire(params: SamplingParams) -> WireSamplingParams:
+    return WireSamplingParams(**{f: getattr(params, f) for f in WireSamplingParams.__struct_fields__})
+
+
+def _split_prompt(prompt: PromptInput) -> tuple[Optional[str], Optional[list[int]]]:
+    if isinstance(prompt, str):
+        return prompt, None
+    if isinstance(prompt, dict):
+        ids = prompt.get("prompt_token_ids")
+        return prompt.get("prompt"), None if ids is None else list(ids)
+    return None, list(prompt)
+
+
+def _apply(output: RequestOutput, delta: RequestOutputDelta) -> bool:
+    if delta.prompt_token_ids is not None:
+        output.prompt_token_ids = list(delta.prompt_token_ids)
+    output.num_cached_tokens = delta.num_cached_tokens
+    for s in delta.samples:
+        out = output.outputs[s.index]
+        out.token_ids.extend(s.token_ids)
+        out.text += s.text
+        if s.logprobs is not None:
+            entries = [{e.token_id: Logprob(e.logprob, e.rank, e.decoded_token) for e in tok} for tok in s.logprobs]
+            out.logprobs = (out.logprobs or []) + entries
+            out.cumulative_logprob = (out.cumulative_logprob or 0.0) + sum(
+                next(iter(e.values())).logprob for e in entries)
+        out.finish_reason = s.finish_reason or out.finish_reason
+        out.stop_reason = s.stop_reason if s.finish_reason else out.stop_reason
+    output.finished = delta.finished
+    return delta.finished
+
+
+def _error(reply: ErrorReply) -> BaseException:
+    if reply.kind == "ValueError":
+        return ValueError(reply.message)
+    if reply.kind == "EngineDeadError":
+        return EngineDeadError(reply.message)
+    return RuntimeError(f"{reply.kind}: {reply.message}")
+
+
+

@@ -1,0 +1,90 @@
+"""Build an engine's actors, in child processes or on the caller's loop, and give back a client.
+
+Runs in the launcher. Multiprocess: worker and scheduler start at once (the worker loads weights while the
+scheduler loads the tokenizer), each reports ready, then the supervisor watches them. In-process: the same
+actors run as tasks on the current loop over inproc:// sockets.
+"""
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import uuid
+from typing import Callable, Optional
+
+import zmq.asyncio
+
+from runtime.actors.addresses import Addresses
+from runtime.actors.scheduler_actor import SchedulerActor
+from runtime.actors.worker_actor import WorkerActor
+from runtime.config import EngineConfig
+from runtime.process import ChildSpec
+from runtime.supervisor import EngineStartError, Supervisor
+
+
+class MultiprocessEngine:
+    """The actors in child processes under a Supervisor."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.directory = tempfile.mkdtemp(prefix="actorserve-")
+        self.addresses = Addresses.ipc(self.directory, 1, config.runtime.client_address)
+        self.supervisor = Supervisor(cleanup_dir=self.directory)
+        self.info: dict = {}
+
+    async def start(self, on_death: Callable[[str, Optional[int]], None]) -> None:
+        self.supervisor.spawn(ChildSpec("worker0", "worker", self.config, self.addresses, 0))
+        self.supervisor.spawn(ChildSpec("scheduler", "scheduler", self.config, self.addresses))
+        try:
+            self.info = (await self.supervisor.wait_ready(self.config.runtime.start_timeout))["scheduler"]
+        except BaseException:
+            self.supervisor.kill_all()
+            raise
+        self.supervisor.watch(on_death)
+
+    def pids(self) -> dict[str, int]:
+        return {c.name: c.process.pid for c in self.supervisor.children}
+
+    async def stop(self) -> None:
+        await self.supervisor.shutdown(self.config.runtime.shutdown_timeout)
+
+
+class InProcessEngine:
+    """The same actors as tasks on the caller's loop, for tests and debugging."""
+
+    def __init__(self, config: EngineConfig, ctx: zmq.asyncio.Context) -> None:
+        self.config = config
+        self.addresses = Addresses.inproc(uuid.uuid4().hex[:8], 1)
+        self.actors = [WorkerActor(ctx, config, self.addresses, 0), SchedulerActor(ctx, config, self.addresses)]
+        self.tasks: list[asyncio.Task] = []
+        self.info: dict = {}
+
+    async def start(self, on_death: Callable[[str, Optional[int]], None]) -> None:
+        loop = asyncio.get_running_loop()
+        ready = [loop.create_future() for _ in self.actors]
+        for actor, fut in zip(self.actors, ready):
+            task = asyncio.ensure_future(actor.run(lambda info, fut=fut: fut.set_result(info)))
+            task.add_done_callback(lambda t, a=actor, f=fut: self._ended(t, a, f, on_death))
+            self.tasks.append(task)
+            await asyncio.sleep(0)  # bind each inbox before the next actor connects to it
+        try:
+            self.info = (await asyncio.wait_for(asyncio.gather(*ready), self.config.runtime.start_timeout))[1]
+        except BaseException:
+            await self.stop()
+            raise
+
+    def _ended(self, task: asyncio.Task, actor, ready: asyncio.Future, on_death) -> None:
+        error = None if task.cancelled() else task.exception()
+        if not ready.done():
+            ready.set_exception(EngineStartError(f"{actor.name}: {error!r}" if error else f"{actor.name} stopped"))
+        elif error is not None or actor.failed is not None:
+            on_death(actor.name, 1)
+
+    def pids(self) -> dict[str, int]:
+        return {}
+
+    async def stop(self) -> None:
+        for actor in self.actors:
+            actor.stop()
+        await asyncio.wait(self.tasks, timeout=self.config.runtime.shutdown_timeout)
+        for task in self.tasks:
+            task.cancel()

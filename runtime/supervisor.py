@@ -1,0 +1,138 @@
+"""Supervision in the launcher: start children, wait for ready, watch their sentinels, shut down.
+
+Runs in the launcher (the caller's process, or ``actorserve serve-zmq``). A child that dies is seen
+through its pidfd on the launcher's loop, at once; the launcher's callback marks the engine dead and the
+supervisor tears the rest down. Shutdown waits for a clean exit until a deadline, then terminates, then
+kills: no child outlives it.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+from typing import Callable, Optional
+
+from runtime.errors import ActorServeError
+from runtime.process import Child, ChildSpec, spawn
+
+log = logging.getLogger("actorserve.supervisor")
+
+
+class EngineStartError(ActorServeError):
+    """A child failed before it was ready (bad model path, out of memory, ...)."""
+
+
+class Supervisor:
+    def __init__(self, cleanup_dir: Optional[str] = None) -> None:
+        self.children: list[Child] = []
+        self._cleanup_dir = cleanup_dir
+        self._on_death: Optional[Callable[[str, Optional[int]], None]] = None
+        self._closing = False
+        self._released = False
+
+    def spawn(self, spec: ChildSpec) -> None:
+        self.children.append(spawn(spec))
+
+    async def wait_ready(self, timeout: float) -> dict[str, dict]:
+        """Every child's ready info; the first failure or death raises EngineStartError with its reason."""
+        loop = asyncio.get_running_loop()
+        pending = {c.name: loop.create_future() for c in self.children}
+        for child in self.children:
+            loop.add_reader(child.ready.fileno(), _read_ready, child, pending[child.name])
+            loop.add_reader(child.sentinel, _died_early, child, pending[child.name])
+        try:
+            results = await asyncio.wait_for(asyncio.gather(*pending.values()), timeout)
+        except asyncio.TimeoutError:
+            raise EngineStartError(f"the engine did not start within {timeout:.0f} s") from None
+        finally:
+            for child in self.children:
+                loop.remove_reader(child.ready.fileno())
+                loop.remove_reader(child.sentinel)
+        return dict(zip(pending, results))
+
+    def watch(self, on_death: Callable[[str, Optional[int]], None]) -> None:
+        """From now on, a child's exit calls on_death(name, exitcode) once and stops the others."""
+        self._on_death = on_death
+        loop = asyncio.get_running_loop()
+        for child in self.children:
+            loop.add_reader(child.sentinel, self._exited, child)
+
+    def _exited(self, child: Child) -> None:
+        asyncio.get_running_loop().remove_reader(child.sentinel)
+        if self._closing:
+            return
+        self._closing = True
+        log.error("%s exited unexpectedly (exit code %s); the engine is dead", child.name, child.exitcode)
+        if self._on_death is not None:
+            self._on_death(child.name, child.exitcode)
+        self.kill_all()
+
+    def kill_all(self) -> None:
+        self._closing = True
+        for child in self.children:
+            if child.alive():
+                child.process.kill()
+        for child in self.children:
+            child.process.wait(5)
+        self._release()
+
+    async def shutdown(self, timeout: float) -> None:
+        """Wait for the children to exit by themselves until the deadline, then terminate, then kill."""
+        self._closing = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        await self._wait_exit(deadline - 1.0)  # a clean exit: the actors drained and stopped
+        for child in self.children:
+            if child.alive():
+                child.process.terminate()
+        await self._wait_exit(deadline)
+        for child in self.children:
+            if child.alive():
+                child.process.kill()
+                child.process.wait(1)
+        self._release()
+
+    async def _wait_exit(self, until: float) -> None:
+        loop = asyncio.get_running_loop()
+        while any(c.alive() for c in self.children) and loop.time() < until:
+            await asyncio.sleep(0.02)
+
+    def _release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        loop = asyncio.get_event_loop()
+        for child in self.children:
+            try:
+                loop.remove_reader(child.sentinel)
+            except (ValueError, OSError, RuntimeError):
+                pass
+            child.ready.close()
+            for fd in (child.death_fd, child.sentinel):
+                os.close(fd)
+        if self._cleanup_dir is not None:
+            shutil.rmtree(self._cleanup_dir, ignore_errors=True)
+
+
+def _read_ready(child: Child, fut: asyncio.Future) -> None:
+    if fut.done():
+        return
+    line = child.ready.readline()
+    if not line:
+        return  # EOF: the sentinel reports the death
+    report = json.loads(line)
+    if report["kind"] == "ready":
+        fut.set_result(report.get("info", {}))
+    else:
+        fut.set_exception(EngineStartError(report.get("message", "start-up failed")))
+
+
+def _died_early(child: Child, fut: asyncio.Future) -> None:
+    if fut.done():
+        return
+    _read_ready(child, fut)  # an error report may have landed just before the exit
+    if not fut.done():
+        child.process.wait(1)
+        fut.set_exception(EngineStartError(f"{child.name} exited with code {child.exitcode} during start-up"))

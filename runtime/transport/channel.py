@@ -1,0 +1,88 @@
+"""Async ZMQ channels carrying typed messages.
+
+Runs in every process. A Channel is one socket plus the codec: ``send`` encodes a message (tensors as
+extra frames, sent without copying and retained in PendingSends until ZMQ is done with them) and
+``recv`` returns an Envelope whose message is typed, or whose error says why the frames were rejected.
+Receivers bind their inbox (PULL or ROUTER); senders connect (PUSH or DEALER).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import torch
+import zmq
+import zmq.asyncio
+
+from runtime.transport.codec import Codec, ProtocolError
+from runtime.transport.messages import Message
+from runtime.transport.pending import PendingSends
+
+log = logging.getLogger("actorserve.transport")
+
+_KINDS = {"push": zmq.PUSH, "pull": zmq.PULL, "router": zmq.ROUTER, "dealer": zmq.DEALER}
+
+
+@dataclass
+class Envelope:
+    message: Optional[Message]
+    tensors: list[torch.Tensor] = field(default_factory=list)
+    origin: Optional[bytes] = None  # the ROUTER identity of the sender, where there is one
+    error: Optional[ProtocolError] = None
+
+
+class _TrackerHandle:
+    """A ZMQ MessageTracker seen as a send handle (host memory: waited before its buffers go)."""
+
+    def __init__(self, tracker: zmq.MessageTracker) -> None:
+        self._tracker = tracker
+
+    def is_completed(self) -> bool:
+        return self._tracker.done
+
+    def wait(self) -> None:
+        self._tracker.wait()
+
+
+class Channel:
+    def __init__(self, ctx: zmq.asyncio.Context, kind: str, address: str, bind: bool,
+                 identity: Optional[bytes] = None) -> None:
+        self.kind = kind
+        self.address = address
+        self.socket = ctx.socket(_KINDS[kind])
+        self.socket.setsockopt(zmq.LINGER, 0)
+        # Outputs must never be dropped at a high-water mark (ROUTER drops silently): no limit.
+        self.socket.setsockopt(zmq.SNDHWM, 0)
+        self.socket.setsockopt(zmq.RCVHWM, 0)
+        if identity is not None:
+            self.socket.setsockopt(zmq.IDENTITY, identity)
+        (self.socket.bind if bind else self.socket.connect)(address)
+        self._codec = Codec()
+        self._pending = PendingSends(max_entries=64)
+
+    async def send(self, message: Message, tensors: Sequence[torch.Tensor] = (),
+                   to: Optional[bytes] = None) -> None:
+        frames = self._codec.encode(message, tensors)
+        if to is not None:
+            frames.insert(0, to)
+        if not tensors:
+            await self.socket.send_multipart(frames)
+            return
+        tracker = await self.socket.send_multipart(frames, copy=False, track=True)
+        self._pending.add([tensors, frames], host=[_TrackerHandle(tracker)])
+
+    async def recv(self) -> Envelope:
+        frames = await self.socket.recv_multipart(copy=True)
+        origin = None
+        if self.kind == "router":
+            origin, frames = frames[0], frames[1:]
+        try:
+            message, tensors = self._codec.decode(frames)
+        except ProtocolError as exc:
+            return Envelope(None, origin=origin, error=exc)
+        return Envelope(message, tensors, origin)
+
+    def close(self) -> None:
+        self._pending.drain()
+        self.socket.close(linger=0)
