@@ -1,9 +1,11 @@
-"""The ``actorserve`` command line: ``actorserve generate "PROMPT"`` runs the offline engine once."""
+"""The ``actorserve`` command line: ``generate`` runs the offline engine once; ``serve-zmq`` serves the ZMQ protocol."""
 from __future__ import annotations
 
 import argparse
 import sys
 from typing import Optional, Sequence
+
+from runtime.errors import ActorServeError
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
@@ -39,6 +41,34 @@ def _generate(a: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_zmq(a: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+
+    import uvloop
+
+    from actorserve import AsyncEngine
+
+    async def serve() -> int:
+        engine = AsyncEngine(a.model, client_address=a.address, **_engine_kwargs(a))
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await engine.start()
+            print(f"actorserve: serving the ZMQ protocol on {a.address}", flush=True)
+            dead = asyncio.ensure_future(engine.wait_dead())
+            await asyncio.wait({dead, asyncio.ensure_future(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
+            code = 1 if dead.done() else 0
+            dead.cancel()
+            return code
+        finally:
+            await engine.close()
+
+    return uvloop.run(serve())
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="actorserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -53,10 +83,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     gen.add_argument("--stop", action="append")
     gen.add_argument("--sampling-seed", type=int, default=None)
     _engine_args(gen)
+    zmq_server = sub.add_parser("serve-zmq", help="serve the ZMQ client protocol (docs/protocol.md)")
+    zmq_server.add_argument("--address", default="tcp://127.0.0.1:5555", help="tcp://HOST:PORT or ipc://PATH")
+    _engine_args(zmq_server)
     args = parser.parse_args(argv)
     try:
-        return {"generate": _generate}[args.command](args)
-    except ValueError as exc:
+        return {"generate": _generate, "serve-zmq": _serve_zmq}[args.command](args)
+    except (ValueError, ActorServeError) as exc:
         print(f"actorserve: error: {exc}", file=sys.stderr)
         return 2
 

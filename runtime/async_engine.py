@@ -30,6 +30,7 @@ class AsyncEngine:
         self._client: Optional[ZmqClient] = None
         self._start_lock: Optional[asyncio.Lock] = None
         self._dead: Optional[EngineDeadError] = None
+        self._dead_event: Optional[asyncio.Event] = None
         self._closed = False
 
     @classmethod
@@ -47,6 +48,7 @@ class AsyncEngine:
                 return
             if self._closed:
                 raise EngineDeadError("the engine is closed")
+            self._dead_event = asyncio.Event()
             inproc = self.config.runtime.mode == "inprocess"
             backend = InProcessEngine(self.config, self._ctx) if inproc else MultiprocessEngine(self.config)
             await backend.start(self._on_death)
@@ -67,8 +69,14 @@ class AsyncEngine:
 
     def _on_death(self, name: str, exitcode: Optional[int]) -> None:
         self._dead = EngineDeadError(f"the engine is dead: {name} exited (code {exitcode})")
+        self._dead_event.set()
         if self._client is not None:
             self._client.fail_all(self._dead)
+
+    async def wait_dead(self) -> EngineDeadError:
+        """Returns once a child has died (for launchers that serve until then)."""
+        await self._dead_event.wait()
+        return self._dead
 
     async def generate(self, prompt: PromptInput, sampling_params: Optional[SamplingParams] = None,
                        request_id: Optional[str] = None) -> AsyncIterator[RequestOutput]:
