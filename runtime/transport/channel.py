@@ -8,6 +8,7 @@ Receivers bind their inbox (PULL or ROUTER); senders connect (PUSH or DEALER).
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -57,6 +58,7 @@ class Channel:
         self.socket.setsockopt(zmq.RCVHWM, 0)
         if identity is not None:
             self.socket.setsockopt(zmq.IDENTITY, identity)
+        self.bind = bind
         (self.socket.bind if bind else self.socket.connect)(address)
         self._codec = Codec()
         self._pending = PendingSends(max_entries=64)
@@ -86,3 +88,19 @@ class Channel:
     def close(self) -> None:
         self._pending.drain()
         self.socket.close(linger=0)
+        if self.bind and self.address.startswith("ipc://"):
+            _remove_ipc_path(self.address[len("ipc://"):])
+
+
+def _remove_ipc_path(path: str) -> None:
+    """The binder removes its socket file, and the last one out its actorserve temp folder."""
+    try:
+        os.unlink(path)
+    except OSError:
+        return
+    folder = os.path.dirname(path)
+    if os.path.basename(folder).startswith("actorserve-"):
+        try:
+            os.rmdir(folder)
+        except OSError:
+            pass  # not empty yet: another actor's socket is still there

@@ -1,5 +1,6 @@
 """Acceptance: AsyncEngine over real processes: many concurrent streams, cancellation, abort, health."""
 import asyncio
+import os
 import random
 
 import pytest
@@ -119,7 +120,9 @@ async def test_closed_engine_refuses_work(tiny_llama_dir):
     model, args = engine_args(tiny_llama_dir)
     engine = await AsyncEngine.create(model, **args)
     pids = engine.child_pids()
+    directory = engine._backend.directory
     await engine.close()
+    assert not os.path.exists(directory)  # ipc socket files removed
     import psutil
 
     assert not [p for p in pids.values() if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]

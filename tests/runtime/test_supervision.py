@@ -1,9 +1,11 @@
 """Acceptance: a killed child turns every stream into EngineDeadError quickly and leaves no process."""
 import asyncio
+import glob
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -91,6 +93,7 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_children_exit_when_the_launcher_dies(tiny_llama_dir, tmp_path, sig):
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "actorserve-*")))
     script = tmp_path / "app.py"
     script.write_text(SCRIPT)
     proc = subprocess.Popen([sys.executable, str(script), str(tiny_llama_dir)], stdout=subprocess.PIPE)
@@ -102,6 +105,7 @@ def test_children_exit_when_the_launcher_dies(tiny_llama_dir, tmp_path, sig):
         proc.send_signal(sig)
         proc.wait(10)
         assert gone(pids, within=5)
+        assert set(glob.glob(os.path.join(tempfile.gettempdir(), "actorserve-*"))) <= before  # ipc files removed
     finally:
         if proc.poll() is None:
             proc.kill()
