@@ -69,6 +69,50 @@ def _serve_zmq(a: argparse.Namespace) -> int:
     return uvloop.run(serve())
 
 
+def _engine_from(a: argparse.Namespace):
+    from actorserve import AsyncEngine
+
+    return AsyncEngine(a.model, **_engine_kwargs(a))
+
+
+def _serve_http(a: argparse.Namespace) -> int:
+    import uvloop
+
+    from frontend.server import serve
+
+    a.model = a.model_tag or a.model
+    return uvloop.run(serve(_engine_from(a), a.host, a.port, a.model, a.tokenizer, a.served_model_name,
+                            a.api_key))
+
+
+def _run_batch(a: argparse.Namespace) -> int:
+    import json
+
+    import uvloop
+
+    from frontend.batch import run_batch
+    from frontend.server import build_context
+
+    with open(a.input_file) as f:
+        lines = [line for line in f if line.strip()]
+
+    async def run() -> list[dict]:
+        engine = _engine_from(a)
+        try:
+            ctx = await build_context(engine, a.model, a.tokenizer, a.served_model_name)
+            return await run_batch(ctx, lines)
+        finally:
+            await engine.close()
+
+    results = uvloop.run(run())
+    with open(a.output_file, "w") as f:
+        for row in results:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    failed = sum(1 for r in results if r["error"] is not None)
+    print(f"actorserve: {len(results) - failed} succeeded, {failed} failed -> {a.output_file}", file=sys.stderr)
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="actorserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -86,9 +130,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     zmq_server = sub.add_parser("serve-zmq", help="serve the ZMQ client protocol (docs/protocol.md)")
     zmq_server.add_argument("--address", default="tcp://127.0.0.1:5555", help="tcp://HOST:PORT or ipc://PATH")
     _engine_args(zmq_server)
+    http = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
+    http.add_argument("model_tag", nargs="?", default=None, help="a .gguf file or HF directory")
+    http.add_argument("--host", default="127.0.0.1")
+    http.add_argument("--port", type=int, default=8000)
+    http.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1")
+    http.add_argument("--served-model-name", default=None)
+    http.add_argument("--tokenizer", default=None)
+    _engine_args(http)
+    batch = sub.add_parser("run-batch", help="run an OpenAI batch file (JSONL) offline")
+    batch.add_argument("-i", "--input-file", required=True)
+    batch.add_argument("-o", "--output-file", required=True)
+    batch.add_argument("--served-model-name", default=None)
+    batch.add_argument("--tokenizer", default=None)
+    _engine_args(batch)
     args = parser.parse_args(argv)
+    commands = {"generate": _generate, "serve-zmq": _serve_zmq, "serve": _serve_http, "run-batch": _run_batch}
     try:
-        return {"generate": _generate, "serve-zmq": _serve_zmq}[args.command](args)
+        return commands[args.command](args)
     except (ValueError, ActorServeError) as exc:
         print(f"actorserve: error: {exc}", file=sys.stderr)
         return 2

@@ -18,6 +18,7 @@ from runtime.engine.outputs import RequestOutput
 from runtime.engine.sampling_params import SamplingParams
 from runtime.errors import EngineDeadError
 from runtime.launcher import InProcessEngine, MultiprocessEngine
+from runtime.transport.messages import HealthPong
 
 log = logging.getLogger("actorserve")
 
@@ -91,13 +92,14 @@ class AsyncEngine:
         if self._client is not None:
             await self._client.abort(request_id)
 
-    async def check_health(self) -> None:
-        """Raises EngineDeadError if a process died or the scheduler's loop does not answer in time."""
+    async def check_health(self) -> HealthPong:
+        """The scheduler's answer (running, waiting, KV usage); EngineDeadError if a process died or the
+        scheduler's loop does not answer in time."""
         if self._dead is not None:
             raise self._dead
         await self.start()
         try:
-            await self._client.check_health(self.config.runtime.health_timeout)
+            return await self._client.check_health(self.config.runtime.health_timeout)
         except asyncio.TimeoutError:
             raise EngineDeadError(f"the scheduler did not answer a health ping in "
                                   f"{self.config.runtime.health_timeout} s") from None

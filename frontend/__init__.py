@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP frontend: request schemas, completion and chat serving, errors, metrics."""

@@ -1,0 +1,141 @@
+"""The FastAPI application: routes, authentication, request ids, and errors in the OpenAI shape.
+
+Runs in the frontend process. Malformed JSON and schema violations are 400 (not FastAPI's 422); a client
+that disconnects has its request aborted in the scheduler; ``X-Request-Id`` is honoured and returned.
+"""
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+import actorserve
+from frontend.errors import APIError, error_body, error_response
+from frontend.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from frontend.serving import ServingContext, now
+from frontend.serving_chat import ChatServing, render_chat
+from frontend.serving_completion import CompletionServing
+from runtime.errors import EngineDeadError
+
+
+def build_app(ctx: ServingContext, api_key: Optional[str] = None) -> FastAPI:
+    app = FastAPI(title="actorserve", version=actorserve.__version__)
+    completions, chat = CompletionServing(ctx), ChatServing(ctx)
+    _install_errors(app)
+
+    @app.middleware("http")
+    async def auth_and_request_id(request: Request, call_next):
+        if api_key is not None and request.url.path.startswith("/v1"):
+            if request.headers.get("authorization") != f"Bearer {api_key}":
+                return JSONResponse(error_body(401, "Invalid or missing API key"), status_code=401)
+        request.state.request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        response = await call_next(request)
+        response.headers["X-Request-Id"] = request.state.request_id
+        return response
+
+    @app.post("/v1/completions")
+    async def create_completion(body: CompletionRequest, request: Request):
+        return await _serve(request, completions, body)
+
+    @app.post("/v1/chat/completions")
+    async def create_chat_completion(body: ChatCompletionRequest, request: Request):
+        return await _serve(request, chat, body)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": ctx.model_name, "object": "model", "created": now(),
+                                            "owned_by": "actorserve", "root": ctx.model_name,
+                                            "max_model_len": ctx.max_model_len}]}
+
+    @app.get("/health")
+    async def health():
+        try:
+            await ctx.engine.check_health()
+        except EngineDeadError:
+            return Response(status_code=503)
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics():
+        running = waiting = 0
+        usage = 0.0
+        if not ctx.engine.is_dead:
+            pong = await ctx.engine.check_health()
+            running, waiting, usage = pong.num_running, pong.num_waiting, pong.kv_cache_usage
+        return Response(ctx.metrics.render(running, waiting, usage), media_type="text/plain; version=0.0.4")
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        ctx.check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError(400, "give exactly one of prompt and messages", "prompt")
+        if body.messages is not None:
+            tokens = render_chat(ctx.tokenizer, body.messages, body.add_generation_prompt, False).token_ids
+        else:
+            tokens = ctx.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        return {"count": len(tokens), "max_model_len": ctx.max_model_len, "tokens": tokens}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        ctx.check_model(body.model)
+        bad = [t for t in body.tokens if not 0 <= t < ctx.vocab_size]
+        if bad:
+            raise APIError(400, f"tokens has ids {bad[:10]} outside the vocabulary [0, {ctx.vocab_size})", "tokens")
+        return {"prompt": ctx.tokenizer.decode(body.tokens)}
+
+    @app.get("/version")
+    async def version():
+        return {"version": actorserve.__version__}
+
+    return app
+
+
+async def _serve(request: Request, serving, body):
+    request_id = request.state.request_id
+    if body.stream:
+        events = await serving.stream(body, request_id)  # validation errors surface here, before the stream
+        return StreamingResponse(events, media_type="text/event-stream")
+    work = asyncio.ensure_future(serving.create(body, request_id))
+    gone = asyncio.ensure_future(_disconnected(request))
+    done, _ = await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    if work in done:
+        gone.cancel()
+        return work.result()
+    work.cancel()  # the client left: cancelling the stream aborts the request in the scheduler
+    await asyncio.gather(work, return_exceptions=True)
+    return Response(status_code=499)
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _install_errors(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, exc: APIError):
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError):
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        if first.get("type") == "json_invalid":
+            detail = (first.get("ctx") or {}).get("error", "")
+            return JSONResponse(error_body(400, f"invalid JSON in the request body: {detail}"), status_code=400)
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        message = f"{where}: {first.get('msg', 'invalid request')}" if where else first.get("msg", "invalid request")
+        return JSONResponse(error_body(400, message, where or None), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException):
+        return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code)
+
+    @app.exception_handler(EngineDeadError)
+    async def dead(_: Request, exc: EngineDeadError):
+        return JSONResponse(error_body(503, str(exc)), status_code=503)

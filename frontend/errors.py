@@ -1,0 +1,40 @@
+"""Errors in the OpenAI shape: ``{"error": {"message", "type", "param", "code"}}``."""
+from __future__ import annotations
+
+import json
+import re
+from typing import Optional
+
+from fastapi.responses import JSONResponse
+
+_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 413: "BadRequestError",
+          500: "InternalServerError", 503: "ServiceUnavailableError"}
+_FIELD = re.compile(r"^([a-z_]+) ")
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+    @classmethod
+    def bad_request(cls, exc: Exception) -> "APIError":
+        """A ValueError from validation; its message starts with the field it names."""
+        text = str(exc)
+        match = _FIELD.match(text)
+        return cls(400, text, match.group(1) if match else None)
+
+
+def error_body(status: int, message: str, param: Optional[str] = None) -> dict:
+    return {"error": {"message": message, "type": _TYPES.get(status, "BadRequestError"), "param": param,
+                      "code": status}}
+
+
+def error_response(exc: APIError) -> JSONResponse:
+    return JSONResponse(error_body(exc.status, exc.message, exc.param), status_code=exc.status)
+
+
+def sse_error(exc: APIError) -> str:
+    return f"data: {json.dumps(error_body(exc.status, exc.message, exc.param))}\n\n"
