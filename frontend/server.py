@@ -7,8 +7,12 @@ short grace for health checkers to see it, the server exits with status 1, as vL
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
 from typing import Optional
+
+import uvicorn
 
 from frontend.app import build_app
 from frontend.metrics import FrontendMetrics
@@ -38,20 +42,38 @@ async def build_context(engine, model: Optional[str], tokenizer_path: Optional[s
 
 async def serve(engine, host: str, port: int, model: Optional[str], tokenizer: Optional[str] = None,
                 served_model_name: Optional[str] = None, api_key: Optional[str] = None) -> int:
-    import uvicorn
-
     try:
         ctx = await build_context(engine, model, tokenizer, served_model_name)
         app = build_app(ctx, api_key)
-        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                               lifespan="off", timeout_graceful_shutdown=3))
+        server = _Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
+                                        timeout_graceful_shutdown=3))
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, server.request_exit)
+        server.announce = ctx.model_name
         died = asyncio.ensure_future(_stop_when_dead(engine, server))
-        print(f"actorserve: serving {ctx.model_name} on http://{host}:{port}", flush=True)
         await server.serve()
         died.cancel()
         return 1 if engine.is_dead else 0
     finally:
         await engine.close()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal capture (it re-raises the signal at the end, which would kill the
+    process before the engine is closed); our handlers ask it to exit instead."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+    def request_exit(self) -> None:
+        self.should_exit = True
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.started:  # the port is open now, not before
+            print(f"actorserve: serving {self.announce} on http://{self.config.host}:{self.config.port}", flush=True)
 
 
 async def _stop_when_dead(engine, server) -> None:

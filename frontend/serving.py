@@ -16,6 +16,7 @@ from frontend.errors import APIError
 from frontend.metrics import FrontendMetrics
 from runtime.engine.outputs import RequestOutput
 from runtime.engine.sampling_params import SamplingParams, verify_prompt_token_ids
+from runtime.errors import EngineDeadError
 
 
 @dataclass
@@ -75,6 +76,8 @@ class ServingContext:
                 yield out
         except ValueError as exc:
             raise APIError.bad_request(exc) from None
+        except EngineDeadError as exc:
+            raise APIError(503, str(exc)) from None
         finally:
             if last is not None:
                 timer.finish(len(last.prompt_token_ids), sum(len(o.token_ids) for o in last.outputs),

@@ -61,7 +61,7 @@ def spawn(spec: ChildSpec) -> Child:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PROJECT_ROOT, env.get("PYTHONPATH")) if p)
     process = subprocess.Popen(
-        [sys.executable, "-m", "runtime.process", str(ready_w), str(death_r)],
+        [sys.executable, "-m", "runtime.process", str(ready_w), str(death_r), spec.name],  # name: for ps
         stdin=subprocess.PIPE, pass_fds=(ready_w, death_r), env=env,
     )
     os.close(ready_w)

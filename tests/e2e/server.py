@@ -1,0 +1,91 @@
+"""Start and stop a real ``actorserve serve`` on 127.0.0.1 for the end-to-end tests."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import psutil
+
+API_KEY = "test-key"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, *extra: str, api_key: str = API_KEY) -> None:
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "actorserve.cli", "serve", "--port", str(self.port), "--max-model-len", "1024",
+               "--kv-cache-memory", str(96 << 20), "--api-key", api_key, *extra]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if b"serving" in line:
+                break
+            if not line and self.proc.poll() is not None:
+                raise RuntimeError("actorserve serve exited during start-up")
+        self.children = {p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)}
+
+    def child_pid(self, name: str) -> int:
+        """worker0 or scheduler: the actor's name is the last word of its command line."""
+        return next(pid for pid in self.children if psutil.Process(pid).cmdline()[-1] == name)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(_alive(p) for p in self.children):
+            time.sleep(0.05)
+        leftover = [p for p in self.children if _alive(p)]
+        for pid in leftover:
+            psutil.Process(pid).kill()
+        assert not leftover, f"children outlived the server: {leftover}"
+        return self.proc.returncode
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+class Reply:
+    def __init__(self, status: int, headers, body: bytes) -> None:
+        self.status_code = status
+        self.headers = {k.lower(): v for k, v in headers.items()}
+        self.content = body
+        self.text = body.decode("utf-8", "replace")
+
+    def json(self):
+        return json.loads(self.content)
+
+
+def http(method: str, url: str, json_body=None, raw: bytes = None, headers: dict = None, timeout: float = 120):
+    """A plain HTTP call (stdlib only), returning status, headers and body whatever the status."""
+    data = raw if raw is not None else (None if json_body is None else json.dumps(json_body).encode())
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json",
+                                                                         **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return Reply(resp.status, resp.headers, resp.read())
+    except urllib.error.HTTPError as err:
+        return Reply(err.code, err.headers, err.read())
