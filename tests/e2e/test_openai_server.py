@@ -1,6 +1,7 @@
 """Acceptance: the real ``actorserve serve`` through the official openai client."""
 import asyncio
-import json
+import socket
+import time
 
 import openai
 import pytest
@@ -162,3 +163,19 @@ def test_metrics_move(server, client):
     assert after["vllm:time_to_first_token_seconds_count"] == before["vllm:time_to_first_token_seconds_count"] + 1
     assert after["vllm:e2e_request_latency_seconds_count"] == before["vllm:e2e_request_latency_seconds_count"] + 1
     assert "vllm:prefix_cache_hits_total" in after and "vllm:time_per_output_token_seconds_count" in after
+
+
+def test_a_non_streaming_client_that_leaves_is_aborted(server):
+    body = {"prompt": "Count:", "max_tokens": 900, "ignore_eos": True}
+    try:
+        http("POST", server.base_url + "/v1/completions", body, headers={"Authorization": f"Bearer {API_KEY}"},
+             timeout=1.5)
+    except (TimeoutError, socket.timeout, OSError):
+        pass  # the client gave up and closed the connection
+    deadline = time.monotonic() + 10  # 900 tokens would take far longer than this
+    while time.monotonic() < deadline:
+        if scrape(server)["vllm:num_requests_running"] == 0:
+            break
+        time.sleep(0.1)
+    metrics = scrape(server)
+    assert metrics["vllm:num_requests_running"] == 0 and metrics["vllm:kv_cache_usage_perc"] == 0
