@@ -72,6 +72,19 @@ class SchedulerConfig:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
 
 
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Pipeline parallelism: the model's layers split over this many worker processes."""
+
+    pipeline_parallel_size: int = 1
+    master_addr: str = "127.0.0.1"  # torch.distributed rendezvous of the worker stages
+    master_port: Optional[int] = None  # None: a free port chosen by the launcher
+
+    def validate(self) -> None:
+        if self.pipeline_parallel_size < 1:
+            raise ValueError(f"pipeline_parallel_size must be >= 1, got {self.pipeline_parallel_size}")
+
+
 _MODES = ("multiprocess", "inprocess")
 
 
@@ -103,12 +116,16 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def validate(self) -> "EngineConfig":
         self.model.validate()
         self.cache.validate()
         self.scheduler.validate()
         self.runtime.validate()
+        self.parallel.validate()
+        if self.parallel.pipeline_parallel_size > 1 and self.runtime.mode == "inprocess":
+            raise ValueError("pipeline_parallel_size > 1 needs mode='multiprocess' (one process per stage)")
         if not self.scheduler.enable_chunked_prefill and self.model.max_model_len is not None:
             if self.scheduler.max_num_batched_tokens < self.model.max_model_len:
                 raise ValueError(
@@ -122,7 +139,7 @@ class EngineConfig:
     def from_engine_args(cls, model: Optional[str] = None, **engine_args: Any) -> "EngineConfig":
         """Sort vLLM-style flat keyword arguments into the tree; an unknown name is a TypeError."""
         sections = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig,
-                    "runtime": RuntimeConfig}
+                    "runtime": RuntimeConfig, "parallel": ParallelConfig}
         parts: dict[str, dict[str, Any]] = {name: {} for name in sections}
         parts["model"]["model"] = model
         owners = {f.name: section for section, klass in sections.items() for f in dataclasses.fields(klass)}

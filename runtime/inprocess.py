@@ -18,7 +18,8 @@ def model_facts(loaded: LoadedModel, config: EngineConfig, num_blocks: int) -> M
     tok = loaded.tokenizer
     eos = tok.eos_token_id if tok is not None and tok.eos_token_id is not None else loaded.cfg.eos_token_id
     max_len = config.model.max_model_len or loaded.cfg.max_position_embeddings
-    return ModelFacts(vocab_size=loaded.model.model.embed_tokens.weight.shape[0], eos_token_id=eos,
+    # vocab_size is the embedding rows (load_weights checked the checkpoint against it).
+    return ModelFacts(vocab_size=loaded.cfg.vocab_size, eos_token_id=eos,
                       max_model_len=max_len, num_kv_blocks=num_blocks)
 
 
@@ -30,16 +31,21 @@ def num_kv_blocks(loaded: LoadedModel, config: EngineConfig, per_block: int) -> 
     return max(0, min(budget // per_block, useful))
 
 
-def load_worker(config: EngineConfig, with_tokenizer: bool) -> tuple[ModelRunner, ModelFacts, LoadedModel]:
-    """Load the weights, size and allocate the KV cache: what a worker does at start-up."""
+def load_worker(config: EngineConfig, with_tokenizer: bool, pp_rank: int = 0,
+                ) -> tuple[ModelRunner, ModelFacts, LoadedModel]:
+    """Load the weights (of one pipeline stage), size and allocate the KV cache: a worker's start-up.
+
+    Every stage sizes the pool as if it held all layers, so that all stages (and PP=1) agree on the
+    number of blocks; a stage then allocates them for its own layers only."""
     m = config.model
     max_len = m.max_model_len
     loaded = load_model(m.model, m.dtype, max_positions=max_len, tokenizer=m.tokenizer,
-                        skip_tokenizer=m.skip_tokenizer_init or not with_tokenizer)
+                        skip_tokenizer=m.skip_tokenizer_init or not with_tokenizer, pp_rank=pp_rank,
+                        pp_size=config.parallel.pipeline_parallel_size)
     if max_len is not None and max_len > loaded.cfg.max_position_embeddings:
         raise ValueError(f"max_model_len {max_len} exceeds the model's context length "
                          f"{loaded.cfg.max_position_embeddings}")
-    per_block = kv_bytes_per_block(loaded.cfg, config.cache.block_size, loaded.model.model.embed_tokens.weight.dtype)
+    per_block = kv_bytes_per_block(loaded.cfg, config.cache.block_size, loaded.model.dtype)
     blocks = num_kv_blocks(loaded, config, per_block)
     runner = ModelRunner(loaded.model, blocks, config.cache.block_size, seed=m.seed)
     log.info("KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB)", blocks, config.cache.block_size,

@@ -145,16 +145,20 @@ class EngineCore:
         return [u.output for u in self.apply(self.executor.execute(batch))]
 
     def schedule(self) -> Optional[SchedulerOutput]:
-        """The next step's batch, or None when there is nothing to run."""
+        """The next step's batch, or None when there is nothing to run (or all of it is in flight)."""
         if not self.scheduler.has_unfinished():
             return None
         batch = self.scheduler.schedule()
         return batch if batch.chunks else None
 
+    @property
+    def num_in_flight(self) -> int:
+        return self.scheduler.num_in_flight
+
     def apply(self, result: ModelRunnerOutput) -> list[RequestUpdate]:
         """Take a step's sampled tokens; returns an update for every request that changed."""
         changed: dict[str, tuple[_Group, list[_Sequence]]] = {}
-        for request, token in self.scheduler.update(result.sampled):
+        for request, token in self.scheduler.update(result.step, result.sampled):
             group, seq = self._by_seq[request.request_id]
             self._append(seq, token, result.logprobs.get(request.request_id))
             changed.setdefault(group.output.request_id, (group, []))[1].append(seq)

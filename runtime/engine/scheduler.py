@@ -23,7 +23,9 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self._step = 0
-        self._scheduled: list[tuple[Request, int]] = []
+        # Batches sent but not yet answered (up to the pipeline depth), and the requests they hold.
+        self._in_flight: dict[int, list[tuple[Request, int]]] = {}
+        self._busy: set[str] = set()
         self._finished_ids: list[str] = []
         self._known_to_worker: set[str] = set()
         self.num_preemptions = 0
@@ -53,29 +55,37 @@ class Scheduler:
 
     # -- one step ---------------------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
+        """The next batch. Requests already in an unanswered batch wait for its result (pipeline
+        parallelism keeps several batches in flight); with one stage there is never one."""
         self._step += 1
         budget = self.config.max_num_batched_tokens
         scheduled: list[tuple[Request, int]] = []
-        preempted = False
-        i = 0
-        while i < len(self.running) and budget > 0:
-            request = self.running[i]
+        stalled = False
+        for request in list(self.running):
+            if budget <= 0:
+                break
+            if request.request_id in self._busy or request.status is not RequestStatus.RUNNING:
+                continue
             n = min(request.num_tokens - request.num_computed_tokens, budget)
-            if self._make_room(request, n):
-                scheduled.append((request, n))
-                budget -= n
-                i += 1
-            else:
-                preempted = True  # the request itself was preempted; i now points past the end
-        if not preempted:
-            budget = self._admit_waiting(scheduled, budget)
-        self._scheduled = scheduled
+            if not self._make_room(request, n):
+                stalled = True  # out of blocks: it was preempted, or must wait for batches in flight
+                break
+            scheduled.append((request, n))
+            budget -= n
+        if not stalled:
+            self._admit_waiting(scheduled, budget)
+        if scheduled:
+            self._in_flight[self._step] = scheduled
+            self._busy.update(r.request_id for r, _ in scheduled)
         return self._build_output(scheduled)
 
     def _make_room(self, request: Request, n: int) -> bool:
-        """Allocate for n tokens, preempting the newest running requests until it fits."""
+        """Allocate for n tokens, preempting the newest idle running requests until it fits."""
         while not self.kv.allocate(request, n):
-            victim = self.running.pop()
+            victim = next((r for r in reversed(self.running) if r.request_id not in self._busy), None)
+            if victim is None:
+                return False
+            self.running.remove(victim)
             self._preempt(victim)
             if victim is request:
                 return False
@@ -89,7 +99,7 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(request)
 
-    def _admit_waiting(self, scheduled: list[tuple[Request, int]], budget: int) -> int:
+    def _admit_waiting(self, scheduled: list[tuple[Request, int]], budget: int) -> None:
         skipped: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
@@ -115,7 +125,6 @@ class Scheduler:
             scheduled.append((request, n))
             budget -= n
         self.waiting.extendleft(reversed(skipped))
-        return budget
 
     def _build_output(self, scheduled: list[tuple[Request, int]]) -> SchedulerOutput:
         new_requests = []
@@ -130,13 +139,20 @@ class Scheduler:
                 request.request_id, tokens, start, self.kv.block_ids(request.request_id),
                 sample=start + n == request.num_tokens,
             ))
-        finished, self._finished_ids = self._finished_ids, []
+        finished = []
+        if chunks:  # an empty batch is never sent: keep the news for the next one
+            finished, self._finished_ids = self._finished_ids, []
         return SchedulerOutput(self._step, new_requests, chunks, finished)
 
-    def update(self, sampled: dict[str, int]) -> list[tuple[Request, int]]:
-        """Advance the requests scheduled last step; returns (request, new token) for those that sampled."""
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def update(self, step: int, sampled: dict[str, int]) -> list[tuple[Request, int]]:
+        """Advance the requests of batch ``step``; returns (request, new token) for those that sampled."""
         produced = []
-        for request, n in self._scheduled:
+        for request, n in self._in_flight.pop(step, []):
+            self._busy.discard(request.request_id)
             if request.status is not RequestStatus.RUNNING:
                 continue  # aborted while the step ran
             request.num_computed_tokens += n
@@ -145,7 +161,6 @@ class Scheduler:
                 token = sampled[request.request_id]
                 request.output_token_ids.append(token)
                 produced.append((request, token))
-        self._scheduled = []
         return produced
 
 

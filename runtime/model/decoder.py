@@ -6,6 +6,7 @@ head_dim, tied embeddings, rope scaling).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -56,38 +57,79 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+@dataclass(frozen=True)
+class Stage:
+    """Which layers a pipeline stage holds; the first embeds tokens, the last normalises and samples."""
+
+    start: int
+    end: int
+    first: bool
+    last: bool
+
+    @classmethod
+    def of(cls, num_layers: int, rank: int, size: int) -> "Stage":
+        if not 1 <= size <= num_layers:
+            raise ValueError(f"pipeline_parallel_size {size} must be between 1 and the {num_layers} layers")
+        counts = [num_layers // size + (1 if k < num_layers % size else 0) for k in range(size)]
+        start = sum(counts[:rank])
+        return cls(start, start + counts[rank], rank == 0, rank == size - 1)
+
+    def owns(self, name: str) -> bool:
+        """Whether the HF-named parameter belongs to this stage."""
+        if name.startswith("model.layers."):
+            return self.start <= int(name.split(".")[2]) < self.end
+        if name.startswith("model.embed_tokens."):
+            return self.first or self.last  # the last stage may need it as a tied lm_head
+        return self.last  # model.norm, lm_head
+
+
 class DecoderBody(nn.Module):
-    def __init__(self, cfg: ArchConfig) -> None:
+    def __init__(self, cfg: ArchConfig, stage: Stage) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        tied_head = stage.last and cfg.tie_word_embeddings
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size) if stage.first or tied_head else None
+        # Keyed by the global layer index, so parameter names match the checkpoint on every stage.
+        self.layers = nn.ModuleDict({str(i): DecoderLayer(cfg) for i in range(stage.start, stage.end)})
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if stage.last else None
 
 
 class CausalLM(nn.Module):
-    """Build on the meta device, ``to_empty``, load weights, then ``init_buffers`` (rotary tables)."""
+    """Build on the meta device, ``to_empty``, load weights, then ``init_buffers`` (rotary tables).
 
-    def __init__(self, cfg: ArchConfig, max_positions: int) -> None:
+    A pipeline stage builds only its own layers; ``forward`` takes token ids on the first stage and the
+    previous stage's hidden states elsewhere, and returns normalised hidden states on the last."""
+
+    def __init__(self, cfg: ArchConfig, max_positions: int, stage: Optional[Stage] = None) -> None:
         super().__init__()
         self.cfg = cfg
+        self.stage = stage or Stage(0, cfg.num_layers, True, True)
         self.max_positions = max_positions
-        self.model = DecoderBody(cfg)
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.model = DecoderBody(cfg, self.stage)
+        untied_head = self.stage.last and not cfg.tie_word_embeddings
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False) if untied_head else None
         self.rotary: Optional[RotaryEmbedding] = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    @property
+    def num_local_layers(self) -> int:
+        return len(self.model.layers)
 
     def init_buffers(self, rope_freq_factors: Optional[torch.Tensor] = None) -> None:
         cfg = self.cfg
         inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, rope_freq_factors)
-        device = self.model.embed_tokens.weight.device
+        device = next(self.parameters()).device
         self.rotary = RotaryEmbedding(cfg.head_dim, self.max_positions, inv_freq).to(device)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
-                backend: AttentionBackend) -> torch.Tensor:
-        x = self.model.embed_tokens(input_ids)
-        for layer, kv in zip(self.model.layers, kv_caches):
+                backend: AttentionBackend, hidden_in: Optional[torch.Tensor] = None) -> torch.Tensor:
+        x = self.model.embed_tokens(input_ids) if self.stage.first else hidden_in
+        for layer, kv in zip(self.model.layers.values(), kv_caches):
             x = layer(x, positions, self.rotary, kv, meta, backend)
-        return self.model.norm(x)
+        return self.model.norm(x) if self.stage.last else x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight

@@ -6,7 +6,7 @@ the rotate-half rotary of the decoder (and of transformers) applies.
 from __future__ import annotations
 
 import re
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -90,16 +90,20 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
 
 
-def iter_tensors(reader, cfg: ArchConfig) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_tensors(reader, cfg: ArchConfig, wanted: Callable[[str], bool] = lambda name: True,
+                 ) -> Iterator[tuple[str, torch.Tensor]]:
+    """HF-named fp32 tensors; ``wanted`` filters by name before anything is dequantized."""
     from gguf.quants import dequantize
 
     for t in reader.tensors:
+        name = _hf_name(t.name)
+        if not wanted(name):
+            continue
         kind = t.tensor_type.name
         if kind not in SUPPORTED_TYPES:
             raise ModelLoadError(f"GGUF tensor {t.name} has type {kind}; supported: {', '.join(SUPPORTED_TYPES)}")
         array = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
         array = array.reshape([int(d) for d in reversed(t.shape)])
-        name = _hf_name(t.name)
         if cfg.arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
             array = _unpermute(array, cfg.num_heads)
         elif cfg.arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):

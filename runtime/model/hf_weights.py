@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -25,7 +25,9 @@ def read_config(path: str) -> ArchConfig:
         raise ModelLoadError(f"{config_path}: {exc}") from exc
 
 
-def iter_tensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_tensors(path: str, wanted: Callable[[str], bool] = lambda name: True,
+                 ) -> Iterator[tuple[str, torch.Tensor]]:
+    """Named tensors of every safetensors file; ``wanted`` filters by name before a tensor is read."""
     from safetensors import safe_open
 
     files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
@@ -34,6 +36,12 @@ def iter_tensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
     for name in files:
         with safe_open(os.path.join(path, name), framework="pt") as f:
             for key in f.keys():
-                if key.endswith(_IGNORED_SUFFIXES):
+                if key.endswith(_IGNORED_SUFFIXES) or not _wanted_or_unknown(key, wanted):
                     continue
                 yield key, f.get_tensor(key)
+
+
+def _wanted_or_unknown(key: str, wanted: Callable[[str], bool]) -> bool:
+    """Skip another stage's tensors, but let unknown names through so that the loader can refuse them."""
+    known = key.startswith(("model.layers.", "model.embed_tokens.", "model.norm.", "lm_head."))
+    return wanted(key) or not known

@@ -15,7 +15,7 @@ import torch
 from runtime.errors import ModelLoadError
 from runtime.model import gguf_weights, hf_weights
 from runtime.model.arch_config import ArchConfig
-from runtime.model.decoder import CausalLM
+from runtime.model.decoder import CausalLM, Stage
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -58,14 +58,21 @@ def read_arch_config(path: str):
 
 
 def load_model(model: Optional[str], dtype: str = "float32", max_positions: Optional[int] = None,
-               device: str = "cpu", tokenizer: Optional[str] = None, skip_tokenizer: bool = False) -> LoadedModel:
+               device: str = "cpu", tokenizer: Optional[str] = None, skip_tokenizer: bool = False,
+               pp_rank: int = 0, pp_size: int = 1) -> LoadedModel:
+    """The model, or one pipeline stage of it (only that stage's tensors are read)."""
     path = resolve_model_path(model)
     reader, cfg = read_arch_config(path)
     positions = max_positions or cfg.max_position_embeddings
+    stage = Stage.of(cfg.num_layers, pp_rank, pp_size)
     with torch.device("meta"):
-        net = CausalLM(cfg, positions)
+        net = CausalLM(cfg, positions, stage)
     net = net.to_empty(device=device).to(_DTYPES[dtype])
-    tensors = gguf_weights.iter_tensors(reader, cfg) if reader is not None else hf_weights.iter_tensors(path)
+    wanted = lambda name: name == gguf_weights.ROPE_FREQS or stage.owns(name)  # noqa: E731
+    if reader is not None:
+        tensors = gguf_weights.iter_tensors(reader, cfg, wanted)
+    else:
+        tensors = hf_weights.iter_tensors(path, wanted)
     freq_factors = load_weights(net, tensors)
     net.init_buffers(freq_factors)
     net.eval().requires_grad_(False)

@@ -39,18 +39,27 @@ class ModelRunner:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.device = torch.device(device)
-        dtype = model.model.embed_tokens.weight.dtype
+        dtype = model.dtype
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=self.device),
-                           torch.zeros(shape, dtype=dtype, device=self.device)) for _ in range(cfg.num_layers)]
+                           torch.zeros(shape, dtype=dtype, device=self.device))
+                          for _ in range(model.num_local_layers)]
         self.backend = TorchRefBackend()
         self.sampler = Sampler(seed)
         self._rows: dict[str, SamplingRow] = {}
 
-    def execute(self, batch: SchedulerOutput) -> ModelRunnerOutput:
-        self._update_states(batch)
+    @property
+    def is_last_stage(self) -> bool:
+        return self.model.stage.last
+
+    def execute(self, batch: SchedulerOutput, hidden_in: Optional[torch.Tensor] = None):
+        """The sampled tokens (a ModelRunnerOutput) on the last stage; elsewhere the hidden states that
+        the next stage takes as ``hidden_in``."""
         inputs = self.prepare_inputs(batch)
-        logits = self.forward(inputs)
+        if not self.is_last_stage:
+            return self.run_layers(inputs, hidden_in)
+        self._update_states(batch)
+        logits = self.forward(inputs, hidden_in)
         rows = [self._rows[rid] for rid in inputs.sample_ids]
         tokens, logprobs = self.sampler(logits, rows)
         for row, token in zip(rows, tokens):
@@ -70,8 +79,12 @@ class ModelRunner:
             self._rows[new.request_id] = SamplingRow(new.sampling, generator, list(new.prompt_token_ids), [])
 
     @torch.inference_mode()
-    def forward(self, inputs: ModelInputs) -> torch.Tensor:
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, self.backend)
+    def run_layers(self, inputs: ModelInputs, hidden_in: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, self.backend, hidden_in)
+
+    @torch.inference_mode()
+    def forward(self, inputs: ModelInputs, hidden_in: Optional[torch.Tensor] = None) -> torch.Tensor:
+        hidden = self.run_layers(inputs, hidden_in)
         return self.model.compute_logits(hidden[inputs.logits_indices])
 
     def prepare_inputs(self, batch: SchedulerOutput) -> ModelInputs:

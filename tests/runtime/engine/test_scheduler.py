@@ -144,3 +144,34 @@ def test_updates_are_deltas_that_add_up():
                     finals[s.index] = s.finish_reason
     assert got[0] == got[1] == expected(prompt, 5)
     assert finals == {0: "length", 1: "length"}
+
+
+@pytest.mark.parametrize("depth", [2, 3])
+def test_pipelined_batches_never_share_a_request(depth):
+    """With several batches in flight (pipeline parallelism), results still equal the sequential ones."""
+    from collections import deque
+
+    rng = random.Random(depth)
+    prompts = [[rng.randrange(VOCAB) for _ in range(rng.randint(1, 200))] for _ in range(60)]
+    lengths = [rng.randint(1, 40) for _ in prompts]
+    engine, ex = make_engine(num_blocks=48, max_model_len=256, budget=128)
+    for i, (p, n) in enumerate(zip(prompts, lengths)):
+        engine.add_request(str(i), p, SamplingParams(max_tokens=n, ignore_eos=True))
+    pending, outs, max_depth = deque(), {}, 0
+    while engine.has_unfinished_requests():
+        while len(pending) < depth:
+            batch = engine.schedule()
+            if batch is None:
+                break
+            ids = {c.request_id for c in batch.chunks}
+            assert not ids & {c.request_id for b in pending for c in b[0].chunks}
+            pending.append((batch, ex.execute(batch)))
+        max_depth = max(max_depth, len(pending))
+        assert pending, "nothing in flight and nothing schedulable: a stall"
+        for update in engine.apply(pending.popleft()[1]):
+            if update.output.finished:
+                outs[update.output.request_id] = update.output
+    assert max_depth == depth
+    for i, (p, n) in enumerate(zip(prompts, lengths)):
+        assert outs[str(i)].outputs[0].token_ids == expected(p, n)
+    assert engine.scheduler.num_preemptions > 0 and engine.num_free_blocks == 48
