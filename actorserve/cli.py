@@ -17,12 +17,14 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-memory", type=int, default=None, help="KV cache budget in bytes")
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1, help="worker stages, one process each")
 
 
 def _engine_kwargs(a: argparse.Namespace) -> dict:
     return dict(dtype=a.dtype, max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs,
                 max_num_batched_tokens=a.max_num_batched_tokens, kv_cache_memory=a.kv_cache_memory,
-                enable_prefix_caching=not a.no_prefix_caching, seed=a.seed)
+                enable_prefix_caching=not a.no_prefix_caching, seed=a.seed,
+                pipeline_parallel_size=a.pipeline_parallel_size)
 
 
 def _generate(a: argparse.Namespace) -> int:

@@ -11,23 +11,48 @@ from typing import Any, Optional, Sequence, Union
 from runtime.config import EngineConfig
 from runtime.engine.outputs import RequestOutput
 from runtime.engine.sampling_params import SamplingParams
+from runtime.background import BackgroundEngine
 from runtime.inprocess import build_engine
+from runtime.model.loader import load_tokenizer, resolve_model_path
 
 PromptType = Union[str, dict[str, Any]]
 
 
 class LLM:
+    """With one pipeline stage the engine runs in this process; with several, in supervised processes
+    (an AsyncEngine on a background loop)."""
+
     def __init__(self, model: Optional[str] = None, **engine_args: Any) -> None:
         self.config = EngineConfig.from_engine_args(model, **engine_args)
-        self.engine, self._loaded = build_engine(self.config)
         self._ids = itertools.count()
+        self.engine = None
+        self._background = None
+        if self.config.parallel.pipeline_parallel_size == 1:
+            self.engine, loaded = build_engine(self.config)
+            self._tokenizer = loaded.tokenizer
+        else:
+            self._tokenizer = None if self.config.model.skip_tokenizer_init else load_tokenizer(
+                self.config.model.tokenizer or resolve_model_path(self.config.model.model))
+            self._background = BackgroundEngine(self.config)
 
     def get_tokenizer(self):
-        return self._loaded.tokenizer
+        return self._tokenizer
 
     @property
     def vocab_size(self) -> int:
-        return self.engine.facts.vocab_size
+        return self.engine.facts.vocab_size if self.engine is not None else self._background.info["vocab_size"]
+
+    def close(self) -> None:
+        """Stop the engine's processes (pipeline parallel); an in-process engine needs nothing."""
+        if self._background is not None:
+            self._background.close()
+            self._background = None
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
     def generate(self, prompts: Union[PromptType, Sequence[PromptType]],
                  sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
@@ -51,7 +76,7 @@ class LLM:
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def _require_tokenizer(self):
-        tok = self._loaded.tokenizer
+        tok = self._tokenizer
         if tok is None:
             raise ValueError("this needs a tokenizer, and the engine was started with skip_tokenizer_init=True")
         return tok
@@ -66,6 +91,8 @@ class LLM:
         raise ValueError(f"prompt must be a string or a dict with 'prompt' or 'prompt_token_ids', got {prompt!r}")
 
     def _run(self, inputs, params: list[SamplingParams], use_tqdm: bool) -> list[RequestOutput]:
+        if self._background is not None:
+            return self._run_background(inputs, params, use_tqdm)
         ids = [f"offline-{next(self._ids)}" for _ in inputs]
         added = []
         try:
@@ -78,28 +105,29 @@ class LLM:
             raise
         return self._drain(ids, use_tqdm)
 
+    def _run_background(self, inputs, params, use_tqdm: bool) -> list[RequestOutput]:
+        progress = _Progress(len(inputs), use_tqdm)
+        try:
+            requests = [({"prompt_token_ids": ids, "prompt": text}, p) for (text, ids), p in zip(inputs, params)]
+            return self._background.run(requests, progress.done)
+        finally:
+            progress.close()
+
     def _drain(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         done: dict[str, RequestOutput] = {}
-        bar = _progress(len(ids)) if use_tqdm else None
-        start, in_toks, out_toks = time.perf_counter(), 0, 0
+        progress = _Progress(len(ids), use_tqdm)
         try:
             while len(done) < len(ids):
                 for out in self.engine.step():
                     if out.finished and out.request_id not in done:
                         done[out.request_id] = out
-                        in_toks += len(out.prompt_token_ids)
-                        out_toks += sum(len(o.token_ids) for o in out.outputs)
-                        if bar is not None:
-                            elapsed = max(time.perf_counter() - start, 1e-9)
-                            bar.set_postfix_str(f"in {in_toks / elapsed:.1f} tok/s, out {out_toks / elapsed:.1f} tok/s")
-                            bar.update(1)
+                        progress.done(out)
         except BaseException:
             for rid in ids:
                 self.engine.abort_request(rid)
             raise
         finally:
-            if bar is not None:
-                bar.close()
+            progress.close()
         return [done[rid] for rid in ids]
 
 
@@ -114,7 +142,25 @@ def _per_prompt(sampling_params, count: int) -> list[SamplingParams]:
     return params
 
 
-def _progress(total: int):
-    from tqdm import tqdm
+class _Progress:
+    """The tqdm bar of finished prompts, with input and output tokens per second."""
 
-    return tqdm(total=total, desc="Processed prompts", dynamic_ncols=True)
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc="Processed prompts", dynamic_ncols=True)
+        self.start, self.in_toks, self.out_toks = time.perf_counter(), 0, 0
+
+    def done(self, out: RequestOutput) -> None:
+        self.in_toks += len(out.prompt_token_ids)
+        self.out_toks += sum(len(o.token_ids) for o in out.outputs)
+        if self.bar is not None:
+            elapsed = max(time.perf_counter() - self.start, 1e-9)
+            self.bar.set_postfix_str(f"in {self.in_toks / elapsed:.1f} tok/s, out {self.out_toks / elapsed:.1f} tok/s")
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

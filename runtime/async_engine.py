@@ -25,7 +25,16 @@ log = logging.getLogger("actorserve")
 
 class AsyncEngine:
     def __init__(self, model: Optional[str] = None, **engine_args: Any) -> None:
-        self.config = EngineConfig.from_engine_args(model, **engine_args)
+        self._init(EngineConfig.from_engine_args(model, **engine_args))
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> "AsyncEngine":
+        engine = cls.__new__(cls)
+        engine._init(config)
+        return engine
+
+    def _init(self, config: EngineConfig) -> None:
+        self.config = config
         self._ctx = zmq.asyncio.Context()
         self._backend = None
         self._client: Optional[ZmqClient] = None

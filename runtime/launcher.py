@@ -7,6 +7,8 @@ actors run as tasks on the current loop over inproc:// sockets.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import socket
 import tempfile
 import uuid
 from typing import Callable, Optional
@@ -25,14 +27,19 @@ class MultiprocessEngine:
     """The actors in child processes under a Supervisor."""
 
     def __init__(self, config: EngineConfig) -> None:
+        parallel = config.parallel
+        if parallel.pipeline_parallel_size > 1 and parallel.master_port is None:
+            config = dataclasses.replace(config, parallel=dataclasses.replace(parallel, master_port=_free_port()))
         self.config = config
+        self.size = config.parallel.pipeline_parallel_size
         self.directory = tempfile.mkdtemp(prefix="actorserve-")
-        self.addresses = Addresses.ipc(self.directory, 1, config.runtime.client_address)
+        self.addresses = Addresses.ipc(self.directory, self.size, config.runtime.client_address)
         self.supervisor = Supervisor(cleanup_dir=self.directory)
         self.info: dict = {}
 
     async def start(self, on_death: Callable[[str, Optional[int]], None]) -> None:
-        self.supervisor.spawn(ChildSpec("worker0", "worker", self.config, self.addresses, 0))
+        for rank in range(self.size):
+            self.supervisor.spawn(ChildSpec(f"worker{rank}", "worker", self.config, self.addresses, rank))
         self.supervisor.spawn(ChildSpec("scheduler", "scheduler", self.config, self.addresses))
         try:
             self.info = (await self.supervisor.wait_ready(self.config.runtime.start_timeout))["scheduler"]
@@ -88,3 +95,9 @@ class InProcessEngine:
         await asyncio.wait(self.tasks, timeout=self.config.runtime.shutdown_timeout)
         for task in self.tasks:
             task.cancel()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

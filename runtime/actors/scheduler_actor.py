@@ -2,8 +2,8 @@
 
 Receives AddRequest / AbortRequest / HealthPing / Shutdown from clients on its ROUTER socket, and
 WorkerReady / StepResult from the last worker stage on its PULL inbox. Sends ExecuteBatch to the first
-stage, RequestOutputDelta, HealthPong and ErrorReply back to the client that asked. One step is in flight
-at a time; requests are admitted and aborted between steps.
+stage, RequestOutputDelta, HealthPong and ErrorReply back to the client that asked. Up to
+pipeline_parallel_size steps are in flight (one per stage); requests are admitted and aborted between.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ class SchedulerActor(Actor):
         self._clients: dict[str, tuple[bytes, str]] = {}  # engine request id -> (client identity, its id)
         self._announced: set[str] = set()
         self._work = asyncio.Event()
-        self._step_result: Optional[asyncio.Future] = None
+        self._results: asyncio.Queue = asyncio.Queue()  # StepResults, in the order the batches went out
         self._loop_task: Optional[asyncio.Task] = None
 
     async def on_start(self) -> dict:
@@ -70,16 +70,20 @@ class SchedulerActor(Actor):
 
     # -- the step loop --------------------------------------------------------------------------------------
     async def _engine_loop(self) -> None:
+        """Keep up to pipeline_parallel_size batches in flight; results come back in order."""
+        depth = self.config.parallel.pipeline_parallel_size
         try:
             while True:
-                batch = self.core.schedule()
-                if batch is None:
+                while self.core.num_in_flight < depth:
+                    batch = self.core.schedule()
+                    if batch is None:
+                        break
+                    await self.to_worker.send(ExecuteBatch(batch))
+                if self.core.num_in_flight == 0:
                     self._work.clear()
                     await self._work.wait()
                     continue
-                self._step_result = asyncio.get_running_loop().create_future()
-                await self.to_worker.send(ExecuteBatch(batch))
-                result = await self._step_result
+                result = await self._results.get()
                 for update in self.core.apply(result):
                     await self._publish(update)
                 await asyncio.sleep(0)  # let the mailbox admit and abort between steps
@@ -138,8 +142,7 @@ class SchedulerActor(Actor):
                                to=envelope.origin)
 
     def handle_step_result(self, message: StepResult, envelope: Envelope) -> None:
-        if self._step_result is not None and not self._step_result.done():
-            self._step_result.set_result(message.result)
+        self._results.put_nowait(message.result)
 
     async def handle_shutdown(self, message: Shutdown, envelope: Envelope) -> None:
         for rid in list(self._clients):

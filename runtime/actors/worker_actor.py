@@ -1,11 +1,18 @@
-"""WorkerActor: runs in a worker process; holds the weights and the KV cache.
+"""WorkerActor: runs in a worker process; holds the weights and KV cache of one pipeline stage.
 
-Receives ExecuteBatch (and Shutdown) on its PULL inbox; sends WorkerReady once loaded and a StepResult
-per step to the scheduler. Stateless apart from weights, KV memory and per-request sampler state.
+Stage 0 receives ExecuteBatch (and Shutdown) from the scheduler on its ZMQ PULL inbox. Every later stage
+receives the same messages, with the previous stage's hidden states, over torch.distributed (gloo): a
+receiver thread posts them to the mailbox, so one handler serves both. A stage that is not the last
+fires its output to the next stage and goes on (the sends are retained, never awaited in the step); the
+last stage samples and sends StepResult to the scheduler. The last stage announces WorkerReady.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
+from datetime import timedelta
+
 
 import zmq.asyncio
 
@@ -14,7 +21,7 @@ from runtime.actors.addresses import Addresses
 from runtime.config import EngineConfig
 from runtime.inprocess import load_worker
 from runtime.transport.channel import Channel, Envelope
-from runtime.transport.messages import ExecuteBatch, Shutdown, StepResult, WorkerReady
+from runtime.transport.messages import ExecuteBatch, Message, Shutdown, StepResult, WorkerReady
 
 log = logging.getLogger("actorserve.worker")
 
@@ -26,25 +33,82 @@ class WorkerActor(Actor):
         self.config = config
         self.addresses = addresses
         self.rank = rank
+        self.size = config.parallel.pipeline_parallel_size
         self.runner = None
+        self.sender = None
+        self.staging = None
+
+    @property
+    def is_last(self) -> bool:
+        return self.rank == self.size - 1
 
     async def on_start(self) -> dict:
-        self.channel(Channel(self.ctx, "pull", self.addresses.worker_in[self.rank], bind=True), listen=True)
+        if self.rank == 0:
+            self.channel(Channel(self.ctx, "pull", self.addresses.worker_in[0], bind=True), listen=True)
         self.out = self.channel(Channel(self.ctx, "push", self.addresses.scheduler_in, bind=False))
-        self.runner, facts, _ = load_worker(self.config, with_tokenizer=False)
-        await self.out.send(WorkerReady(self.rank, facts.vocab_size, facts.eos_token_id, facts.max_model_len,
-                                        facts.num_kv_blocks))
-        return {"num_kv_blocks": facts.num_kv_blocks}
+        if self.size > 1:
+            self._join_pipeline()
+        self.runner, facts, _ = load_worker(self.config, with_tokenizer=False, pp_rank=self.rank)
+        if self.is_last:
+            await self.out.send(WorkerReady(self.rank, facts.vocab_size, facts.eos_token_id, facts.max_model_len,
+                                            facts.num_kv_blocks))
+        return {"num_kv_blocks": facts.num_kv_blocks, "stage": [self.runner.model.stage.start,
+                                                                self.runner.model.stage.end]}
+
+    def _join_pipeline(self) -> None:
+        import torch.distributed as dist
+
+        from runtime.transport.pipeline import StagingBuffer, TensorDictSender
+
+        p = self.config.parallel
+        dist.init_process_group("gloo", init_method=f"tcp://{p.master_addr}:{p.master_port}", rank=self.rank,
+                                world_size=self.size, timeout=timedelta(seconds=self.config.runtime.start_timeout))
+        if not self.is_last:
+            self.sender = TensorDictSender(dst=self.rank + 1)
+            self.staging = StagingBuffer(self.sender.pending)
+        if self.rank > 0:
+            loop = asyncio.get_running_loop()
+            threading.Thread(target=self._receive_from_previous, args=(loop,), daemon=True,
+                             name=f"pp-recv-{self.rank}").start()
+
+    def _receive_from_previous(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Blocking gloo receives, off the loop; each arrival becomes a mailbox envelope."""
+        from runtime.transport.pipeline import recv_tensor_dict
+
+        while True:
+            try:
+                message, tensors = recv_tensor_dict(self.rank - 1, Message)
+            except Exception as exc:  # the previous stage is gone; supervision tears the engine down
+                log.warning("%s: pipeline receive ended: %s", self.name, exc)
+                return
+            envelope = Envelope(message, list(tensors.values()))
+            loop.call_soon_threadsafe(self.mailbox.put_nowait, envelope)
+            if isinstance(message, Shutdown):
+                return
 
     async def handle_execute_batch(self, message: ExecuteBatch, envelope: Envelope) -> None:
-        result = self.runner.execute(message.batch)
-        await self.out.send(StepResult(result))
+        hidden_in = envelope.tensors[0] if envelope.tensors else None
+        result = self.runner.execute(message.batch, hidden_in)
+        if self.is_last:
+            await self.out.send(StepResult(result))
+            return
+        staged = self.staging.stage(result)  # waits first if an earlier send still reads the buffer
+        self.sender.isend_tensor_dict({"hidden": staged}, message, retain=(self.staging.buffer,))
 
     def handle_shutdown(self, message: Shutdown, envelope: Envelope) -> None:
+        if self.sender is not None:
+            self.sender.isend_tensor_dict({}, message)
         self.stop()
+
+    async def on_stop(self) -> None:
+        if self.sender is not None:
+            self.sender.drain()
 
     def on_failure(self, exc: BaseException, envelope: Envelope) -> None:
         # A failed step leaves the scheduler waiting and the KV cache in doubt: die, and let supervision act.
         log.exception("%s: step failed; stopping", self.name, exc_info=exc)
         self.failed = exc
         self.stop()
+
+
+
