@@ -79,10 +79,22 @@ class ParallelConfig:
     pipeline_parallel_size: int = 1
     master_addr: str = "127.0.0.1"  # torch.distributed rendezvous of the worker stages
     master_port: Optional[int] = None  # None: a free port chosen by the launcher
+    # Compute threads of each worker; None: all cores with one stage, the cores shared out with several
+    # (stages on one host must not oversubscribe the cores: spinning OpenMP threads starve the others).
+    threads_per_worker: Optional[int] = None
 
     def validate(self) -> None:
         if self.pipeline_parallel_size < 1:
             raise ValueError(f"pipeline_parallel_size must be >= 1, got {self.pipeline_parallel_size}")
+        if self.threads_per_worker is not None and self.threads_per_worker < 1:
+            raise ValueError(f"threads_per_worker must be >= 1, got {self.threads_per_worker}")
+
+    def worker_threads(self) -> Optional[int]:
+        if self.threads_per_worker is not None:
+            return self.threads_per_worker
+        if self.pipeline_parallel_size == 1:
+            return None
+        return max(1, (os.cpu_count() or 1) // self.pipeline_parallel_size)
 
 
 _MODES = ("multiprocess", "inprocess")

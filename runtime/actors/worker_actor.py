@@ -46,6 +46,11 @@ class WorkerActor(Actor):
         if self.rank == 0:
             self.channel(Channel(self.ctx, "pull", self.addresses.worker_in[0], bind=True), listen=True)
         self.out = self.channel(Channel(self.ctx, "push", self.addresses.scheduler_in, bind=False))
+        threads = self.config.parallel.worker_threads()
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
         if self.size > 1:
             self._join_pipeline()
         self.runner, facts, _ = load_worker(self.config, with_tokenizer=False, pp_rank=self.rank)
