@@ -119,9 +119,10 @@ class SchedulerActor(Actor):
             params = SamplingParams(**msgspec.structs.asdict(message.params))
             ids = message.prompt_token_ids
             if ids is None:
-                if message.prompt is None or self.tokenizer is None:
-                    raise ValueError("prompt_token_ids are required" if message.prompt is not None
-                                     else "the request needs prompt or prompt_token_ids")
+                if message.prompt is None:
+                    raise ValueError("prompt: the request needs prompt or prompt_token_ids")
+                if self.tokenizer is None:
+                    raise ValueError("prompt_token_ids are required: the engine runs without a tokenizer")
                 ids = self.tokenizer.encode(message.prompt)
             self.core.add_request(rid, list(ids), params, prompt=message.prompt)
         except (ValueError, TypeError) as exc:

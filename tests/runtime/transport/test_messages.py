@@ -58,3 +58,17 @@ def test_tensors_travel_as_frames_bit_exact(dtype):
 def test_garbage_is_a_protocol_error(frames):
     with pytest.raises(ProtocolError):
         Codec().decode(frames)
+
+
+def test_wire_sampling_params_mirror_sampling_params():
+    """The wire struct is spelled out for the protocol's sake; it must not drift from SamplingParams."""
+    import dataclasses
+
+    from runtime.engine.sampling_params import SamplingParams
+
+    defaults = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
+    wire = m.WireSamplingParams()
+    for name in m.WireSamplingParams.__struct_fields__:
+        assert name in defaults and getattr(wire, name) == defaults[name], name
+    missing = set(defaults) - set(m.WireSamplingParams.__struct_fields__)
+    assert missing == {"detokenize"}  # a Python-side switch: every wire client gets text
