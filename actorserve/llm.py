@@ -13,6 +13,7 @@ from runtime.engine.outputs import RequestOutput
 from runtime.engine.sampling_params import SamplingParams
 from runtime.background import BackgroundEngine
 from runtime.inprocess import build_engine
+from runtime.logs import setup_logging
 from runtime.model.loader import load_tokenizer, resolve_model_path
 
 PromptType = Union[str, dict[str, Any]]
@@ -24,6 +25,7 @@ class LLM:
 
     def __init__(self, model: Optional[str] = None, **engine_args: Any) -> None:
         self.config = EngineConfig.from_engine_args(model, **engine_args)
+        setup_logging(self.config.runtime.log_level)
         self._ids = itertools.count()
         self.engine = None
         self._background = None

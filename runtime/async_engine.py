@@ -18,6 +18,7 @@ from runtime.engine.outputs import RequestOutput
 from runtime.engine.sampling_params import SamplingParams
 from runtime.errors import EngineDeadError
 from runtime.launcher import InProcessEngine, MultiprocessEngine
+from runtime.logs import setup_logging
 from runtime.transport.messages import HealthPong
 
 log = logging.getLogger("actorserve")
@@ -34,6 +35,7 @@ class AsyncEngine:
         return engine
 
     def _init(self, config: EngineConfig) -> None:
+        setup_logging(config.runtime.log_level)
         self.config = config
         self._ctx = zmq.asyncio.Context()
         self._backend = None

@@ -109,12 +109,15 @@ class RuntimeConfig:
     start_timeout: float = 300.0  # seconds for every child to load and report ready
     shutdown_timeout: float = 5.0  # seconds from close() or SIGTERM until every child has exited
     health_timeout: float = 5.0  # a health ping not answered in this long means the engine is stuck
+    log_level: str = field(default_factory=lambda: os.environ.get("ACTORSERVE_LOG_LEVEL", "INFO"))
 
     def validate(self) -> None:
         if self.mode not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}, got {self.mode!r}")
         if self.client_address is not None and not self.client_address.startswith(("ipc://", "tcp://")):
             raise ValueError(f"client_address must be ipc:// or tcp://, got {self.client_address!r}")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ValueError(f"log_level must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {self.log_level!r}")
         for name in ("start_timeout", "shutdown_timeout", "health_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")

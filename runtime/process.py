@@ -23,6 +23,7 @@ import msgspec
 
 from runtime.actors.addresses import Addresses
 from runtime.config import EngineConfig
+from runtime.logs import setup_logging
 
 log = logging.getLogger("actorserve.process")
 
@@ -76,8 +77,7 @@ def _main() -> int:
     spec = msgspec.json.decode(sys.stdin.buffer.read(), type=ChildSpec)
     _die_with_parent(spec.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(level=os.environ.get("ACTORSERVE_LOG_LEVEL", "WARNING"),
-                        format=f"%(asctime)s {spec.name} %(levelname)s %(name)s: %(message)s")
+    setup_logging(spec.config.runtime.log_level, spec.name)
     import uvloop
 
     with os.fdopen(ready_fd, "wb", buffering=0) as ready:
