@@ -1,8 +1,7 @@
-"""Torch reference paged attention: gather each sequence's blocks, mask, and run SDPA, batched per group."""
+"""Torch reference paged attention: gather each sequence's blocks, mask, and attend, batched per group."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from kernels.attention.interface import AttentionMetadata, SequenceGroup
 
@@ -42,11 +41,23 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     mask &= q_valid[:, :, None]
     mask[:, :, 0] |= ~q_valid  # padded query rows see one key, so softmax stays finite; they are dropped
 
-    out = F.scaled_dot_product_attention(
-        padded_q.transpose(1, 2), keys.transpose(1, 2).to(q.dtype), values.transpose(1, 2).to(q.dtype),
-        attn_mask=mask[:, None], scale=scale, enable_gqa=True,
-    ).transpose(1, 2)  # [B, Q, H, D]
+    out = _grouped_attention(padded_q, keys.to(q.dtype), values.to(q.dtype), mask, scale)  # [B, Q, H, D]
     return out[q_valid].reshape(-1, *q.shape[1:]) if batch else q.new_empty((0, *q.shape[1:]))
+
+
+def _grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                       scale: float) -> torch.Tensor:
+    """q [B, Q, H, D] over k/v [B, S, KVH, D] with mask [B, Q, S]; each KV head serves its group of query
+    heads by one batched matmul (no K/V copy per query head), scores and softmax in fp32."""
+    b, nq, h, d = q.shape
+    kvh = k.shape[2]
+    g = h // kvh
+    qg = q.view(b, nq, kvh, g, d).permute(0, 2, 3, 1, 4).reshape(b, kvh, g * nq, d)
+    scores = torch.matmul(qg, k.permute(0, 2, 3, 1)).float().mul_(scale)  # [B, KVH, G*Q, S]
+    scores = scores.view(b, kvh, g, nq, -1).masked_fill_(~mask[:, None, None], float("-inf"))
+    probs = scores.softmax(dim=-1).to(v.dtype).view(b, kvh, g * nq, -1)
+    out = torch.matmul(probs, v.permute(0, 2, 1, 3))  # [B, KVH, G*Q, D]
+    return out.view(b, kvh, g, nq, d).permute(0, 3, 1, 2, 4).reshape(b, nq, h, d)
 
 
 class TorchRefBackend:

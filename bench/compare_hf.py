@@ -1,0 +1,113 @@
+"""Our engine against transformers' ``generate`` on the same weights, side by side in one run.
+
+    .venv/bin/python bench/compare_hf.py [--offline-prompts 256] [--hf-offline-prompts 32]
+
+transformers gets exactly our weights (the GGUF dequantized to fp32, as its own GGUF loader would give
+them), so the comparison is of engines, not of files. Workloads come from
+../shared/reference/bench_prompts.json: single-stream decode (the 20-token prompt, 64 new tokens), 16
+prompts batched (64 new tokens each; transformers pads on the left), a 512-token prefill, and offline
+throughput (prompts of about 128 tokens, 128 new tokens, greedy). transformers runs the offline workload
+on fewer prompts (one padded batch), since its rate is what is compared. Prints a table of ratios and
+writes bench/results/compare_hf.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from actorserve import LLM, SamplingParams
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = ROOT.parent / "shared" / "reference" / "bench_prompts.json"
+
+
+def hf_model(llm: LLM):
+    """A transformers Llama holding our loaded fp32 weights."""
+    import transformers
+
+    cfg = llm.engine.executor.model.cfg
+    hf_cfg = transformers.LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta,
+        max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=cfg.tie_word_embeddings,
+        bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    model = transformers.LlamaForCausalLM(hf_cfg).eval()
+    state = {k: v for k, v in llm.engine.executor.model.state_dict().items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and all(k == "lm_head.weight" for k in missing), (missing, unexpected)
+    return model
+
+
+def hf_generate(model, prompts: list[list[int]], new_tokens: int) -> float:
+    """Seconds for one padded batch, greedy, exactly new_tokens each."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[2] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    start = time.perf_counter()
+    with torch.inference_mode():
+        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                       do_sample=False, pad_token_id=2)
+    return time.perf_counter() - start
+
+
+def ours(llm: LLM, prompts: list[list[int]], new_tokens: int) -> float:
+    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+    start = time.perf_counter()
+    llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return time.perf_counter() - start
+
+
+def offline_prompts(data: dict, count: int) -> list[list[int]]:
+    """About 128 tokens each: a batch prompt, then the long prompt's tokens from a varying offset."""
+    out = []
+    for i in range(count):
+        head = data["batch"][i % len(data["batch"])]
+        start = (i * 37) % (len(data["long"]) - 100)
+        out.append(head + data["long"][start:start + 128 - len(head)])
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--offline-prompts", type=int, default=256)
+    ap.add_argument("--hf-offline-prompts", type=int, default=32)
+    ap.add_argument("--dtype", default="float32")
+    args = ap.parse_args()
+    data = json.loads(PROMPTS.read_text())
+    llm = LLM(max_model_len=1024, dtype=args.dtype, kv_cache_memory=1 << 30)
+    hf = hf_model(LLM(max_model_len=1024, kv_cache_memory=16 << 20) if args.dtype != "float32" else llm)
+    ours(llm, [data["single"]], 4)  # warm-up
+    hf_generate(hf, [data["single"]], 4)
+
+    rows = []
+
+    def row(name, tokens, hf_s, our_s, hf_count=None):
+        hf_rate = (hf_count or tokens) / hf_s
+        our_rate = tokens / our_s
+        rows.append({"workload": name, "transformers_tok_s": hf_rate, "actorserve_tok_s": our_rate,
+                     "ratio": our_rate / hf_rate, "transformers_s": hf_s, "actorserve_s": our_s})
+
+    row("single-stream decode (64 new)", 64, hf_generate(hf, [data["single"]], 64), ours(llm, [data["single"]], 64))
+    row("16 prompts x 64 new", 16 * 64, hf_generate(hf, data["batch"], 64), ours(llm, data["batch"], 64))
+    row("512-token prefill (+1 token)", 512, hf_generate(hf, [data["long"]], 1), ours(llm, [data["long"]], 1))
+    big = offline_prompts(data, args.offline_prompts)
+    row(f"offline {args.offline_prompts} x 128 in / 128 out", len(big) * 128,
+        hf_generate(hf, big[:args.hf_offline_prompts], 128), ours(llm, big, 128),
+        hf_count=args.hf_offline_prompts * 128)
+
+    print(f"{'workload':42} {'transformers':>14} {'actorserve':>12} {'ratio':>7}")
+    for r in rows:
+        print(f"{r['workload']:42} {r['transformers_tok_s']:10.1f} t/s {r['actorserve_tok_s']:8.1f} t/s "
+              f"{r['ratio']:6.2f}x")
+    out = ROOT / "bench" / "results"
+    out.mkdir(exist_ok=True)
+    (out / "compare_hf.json").write_text(json.dumps({"dtype": args.dtype, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
