@@ -115,6 +115,27 @@ def _run_batch(a: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_parsers(sub) -> None:
+    from actorserve.benchmarks import offline, serve
+
+    bench = sub.add_parser("bench", help="benchmarks: serve (any OpenAI server), throughput, latency")
+    kinds = bench.add_subparsers(dest="bench_command", required=True)
+    serve.add_arguments(kinds.add_parser("serve", help="load against an OpenAI-compatible server"))
+    tp = kinds.add_parser("throughput", help="offline LLM throughput")
+    offline.add_engine_arguments(tp)
+    tp.add_argument("--num-prompts", type=int, default=256)
+    tp.add_argument("--no-progress", action="store_true")
+    lat = kinds.add_parser("latency", help="one batch, timed per step")
+    offline.add_engine_arguments(lat)
+    lat.add_argument("--batch-size", type=int, default=1)
+
+
+def _bench(a: argparse.Namespace) -> int:
+    from actorserve.benchmarks import offline, serve
+
+    return {"serve": serve.main, "throughput": offline.throughput, "latency": offline.latency}[a.bench_command](a)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="actorserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -146,8 +167,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     batch.add_argument("--served-model-name", default=None)
     batch.add_argument("--tokenizer", default=None)
     _engine_args(batch)
+    _bench_parsers(sub)
     args = parser.parse_args(argv)
-    commands = {"generate": _generate, "serve-zmq": _serve_zmq, "serve": _serve_http, "run-batch": _run_batch}
+    commands = {"generate": _generate, "serve-zmq": _serve_zmq, "serve": _serve_http, "run-batch": _run_batch,
+                "bench": _bench}
     try:
         return commands[args.command](args)
     except (ValueError, ActorServeError) as exc:

@@ -1,0 +1,129 @@
+"""``actorserve bench throughput`` (offline LLM, N prompts) and ``actorserve bench latency`` (one batch,
+timed step by step, with the host-side share of each decode step measured by the torch profiler)."""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+from actorserve.benchmarks.stats import summary_ms
+
+
+def add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--kv-cache-memory", type=int, default=1 << 30)
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--result-file", default=None)
+
+
+def _llm(args):
+    from actorserve import LLM
+
+    return LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+               max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory=args.kv_cache_memory)
+
+
+def _prompts(count: int, length: int, vocab: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    return [{"prompt_token_ids": [rng.randrange(1000, min(vocab, 20000)) for _ in range(length)]}
+            for _ in range(count)]
+
+
+def throughput(args: argparse.Namespace) -> int:
+    from actorserve import SamplingParams
+
+    llm = _llm(args)
+    prompts = _prompts(args.num_prompts, args.input_len, llm.vocab_size, args.seed)
+    params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
+    llm.generate(prompts[:1], SamplingParams(max_tokens=2), use_tqdm=False)
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=not args.no_progress)
+    elapsed = time.perf_counter() - start
+    out_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    result = {"num_prompts": len(prompts), "input_len": args.input_len, "output_len": args.output_len,
+              "dtype": args.dtype, "seconds": elapsed, "requests_s": len(prompts) / elapsed,
+              "output_tok_s": out_tokens / elapsed, "total_tok_s": (out_tokens + args.input_len * len(prompts)) / elapsed}
+    print(f"{len(prompts)} prompts x {args.input_len} in / {args.output_len} out ({args.dtype}): {elapsed:.1f} s, "
+          f"{result['requests_s']:.2f} req/s, {result['output_tok_s']:.1f} output tok/s, "
+          f"{result['total_tok_s']:.1f} total tok/s")
+    _save(args, result)
+    return 0
+
+
+def latency(args: argparse.Namespace) -> int:
+    from actorserve import SamplingParams
+
+    llm = _llm(args)
+    engine = llm.engine
+    params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
+    llm.generate(_prompts(1, 8, llm.vocab_size, 1), SamplingParams(max_tokens=2), use_tqdm=False)
+    for i, p in enumerate(_prompts(args.batch_size, args.input_len, llm.vocab_size, args.seed)):
+        engine.add_request(f"lat-{i}", p["prompt_token_ids"], params)
+    steps, executes = [], []
+    runner = engine.executor
+    execute = runner.execute
+
+    def timed_execute(batch):
+        t = time.perf_counter()
+        out = execute(batch)
+        executes.append(time.perf_counter() - t)
+        return out
+
+    runner.execute = timed_execute
+    try:
+        prefill_until = None
+        while engine.has_unfinished_requests():
+            t = time.perf_counter()
+            engine.step()
+            steps.append(time.perf_counter() - t)
+            if prefill_until is None and all(r.prompt_done for r in engine.scheduler.running):
+                prefill_until = len(steps)
+        engine_share = 1 - sum(executes) / sum(steps)
+        host = _host_share(engine, args, params)
+    finally:
+        runner.execute = execute
+    decode = steps[prefill_until:]
+    result = {"batch_size": args.batch_size, "input_len": args.input_len, "output_len": args.output_len,
+              "dtype": args.dtype, "prefill_s": sum(steps[:prefill_until]), "decode_step_ms": summary_ms(decode),
+              "engine_share": engine_share, "host_share_of_decode_step": host,
+              "decode_tok_s": args.batch_size * len(decode) / sum(decode) if decode else None}
+    d = result["decode_step_ms"]
+    print(f"batch {args.batch_size}, {args.input_len} in / {args.output_len} out ({args.dtype}): "
+          f"prefill {result['prefill_s'] * 1e3:.0f} ms; decode step mean {d['mean']:.1f} ms, median "
+          f"{d['median']:.1f} ms, p99 {d['p99']:.1f} ms = {result['decode_tok_s']:.1f} tok/s")
+    print(f"scheduler + detokenizer share of a step {result['engine_share'] * 100:.1f}%; host-side share of a "
+          f"decode step (time not in torch ops) {host * 100:.1f}%")
+    _save(args, result)
+    return 0
+
+
+def _host_share(engine, args, params) -> float:
+    """Fraction of a decode step's wall time not spent inside torch operators (Python and dispatch)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for i, p in enumerate(_prompts(args.batch_size, args.input_len, engine.facts.vocab_size, args.seed + 1)):
+        engine.add_request(f"host-{i}", p["prompt_token_ids"], params)
+    while not all(r.prompt_done for r in engine.scheduler.running) or engine.scheduler.waiting:
+        engine.step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        for _ in range(min(8, args.output_len - 2)):
+            engine.step()
+        wall = time.perf_counter() - start
+    in_ops = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key.startswith("aten::")) / 1e6
+    for rid in list(engine._groups):
+        engine.abort_request(rid)
+    return max(0.0, 1 - in_ops / wall)
+
+
+def _save(args, result: dict) -> None:
+    if args.result_file:
+        with open(args.result_file, "w") as f:
+            json.dump(result, f, indent=1)
