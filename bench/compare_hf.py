@@ -7,8 +7,8 @@ them), so the comparison is of engines, not of files. Workloads come from
 ../shared/reference/bench_prompts.json: single-stream decode (the 20-token prompt, 64 new tokens), 16
 prompts batched (64 new tokens each; transformers pads on the left), a 512-token prefill, and offline
 throughput (prompts of about 128 tokens, 128 new tokens, greedy). transformers runs the offline workload
-on fewer prompts (one padded batch), since its rate is what is compared. Prints a table of ratios and
-writes bench/results/compare_hf.json.
+on fewer prompts (one padded batch), since its rate is what is compared. Both run in ``--dtype``. Prints
+a table of ratios and writes bench/results/compare_hf_<dtype>.json.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def hf_model(llm: LLM):
         max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=cfg.tie_word_embeddings,
         bos_token_id=1, eos_token_id=2, pad_token_id=2)
     model = transformers.LlamaForCausalLM(hf_cfg).eval()
-    state = {k: v for k, v in llm.engine.executor.model.state_dict().items()}
+    state = {k: v.float() for k, v in llm.engine.executor.model.state_dict().items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and all(k == "lm_head.weight" for k in missing), (missing, unexpected)
     return model
@@ -80,7 +80,7 @@ def main() -> None:
     args = ap.parse_args()
     data = json.loads(PROMPTS.read_text())
     llm = LLM(max_model_len=1024, dtype=args.dtype, kv_cache_memory=1 << 30)
-    hf = hf_model(LLM(max_model_len=1024, kv_cache_memory=16 << 20) if args.dtype != "float32" else llm)
+    hf = hf_model(llm).to(getattr(torch, args.dtype))  # the same weights, in the same dtype
     ours(llm, [data["single"]], 4)  # warm-up
     hf_generate(hf, [data["single"]], 4)
 
@@ -106,7 +106,7 @@ def main() -> None:
               f"{r['ratio']:6.2f}x")
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
-    (out / "compare_hf.json").write_text(json.dumps({"dtype": args.dtype, "rows": rows}, indent=1))
+    (out / f"compare_hf_{args.dtype}.json").write_text(json.dumps({"dtype": args.dtype, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

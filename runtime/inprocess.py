@@ -1,6 +1,7 @@
-"""Assemble an engine in the caller's process: load the model, size the KV cache, wire core and runner.
+"""Assemble the engine's pieces: load the model (or one stage), size the KV cache, wire core and runner.
 
-The offline ``LLM`` uses this; the actor runtime splits the same pieces across processes.
+``load_worker`` is what a worker does at start-up (in a WorkerActor process, or here); ``build_engine``
+puts a whole engine in the caller's process for the offline ``LLM``.
 """
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ class MultiprocessEngine:
         self.config = config
         self.size = config.parallel.pipeline_parallel_size
         self.directory = tempfile.mkdtemp(prefix="actorserve-")
-        self.addresses = Addresses.ipc(self.directory, self.size, config.runtime.client_address)
+        self.addresses = Addresses.ipc(self.directory, config.runtime.client_address)
         self.supervisor = Supervisor(cleanup_dir=self.directory)
         self.info: dict = {}
 
@@ -60,7 +60,7 @@ class InProcessEngine:
 
     def __init__(self, config: EngineConfig, ctx: zmq.asyncio.Context) -> None:
         self.config = config
-        self.addresses = Addresses.inproc(uuid.uuid4().hex[:8], 1)
+        self.addresses = Addresses.inproc(uuid.uuid4().hex[:8])
         self.actors = [WorkerActor(ctx, config, self.addresses, 0), SchedulerActor(ctx, config, self.addresses)]
         self.tasks: list[asyncio.Task] = []
         self.info: dict = {}

@@ -22,6 +22,8 @@ class SequenceGroup:
     query_start_loc: torch.Tensor  # [B + 1] int64, relative to token_start
     max_query_len: int
     max_seq_len: int
+    query_lens: tuple[int, ...] = ()  # host copies of the lengths, so a backend can pick a path per sequence
+    context_lens: tuple[int, ...] = ()  # tokens already in the cache before this step
 
 
 @dataclass

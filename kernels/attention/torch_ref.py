@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from kernels.attention.interface import AttentionMetadata, SequenceGroup
 
@@ -60,15 +61,37 @@ def _grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: 
     return out.view(b, kvh, g, nq, d).permute(0, 3, 1, 2, 4).reshape(b, nq, h, d)
 
 
+def causal_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Plain causal attention of one sequence with nothing cached before it: q [L, H, D], k/v [L, KVH, D].
+    The new K/V are used as they are, with no gather from the paged cache."""
+    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                         is_causal=True, scale=scale, enable_gqa=True)
+    return out[0].transpose(0, 1)
+
+
 class TorchRefBackend:
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         write_kv_ref(k_cache, v_cache, k, v, meta.slot_mapping)
         out = torch.empty_like(q)
-        for group in (meta.decode, meta.prefill):
-            if group is not None:
-                out[group.token_start:group.token_end] = _attend(q, k_cache, v_cache, group, scale)
+        if meta.decode is not None:
+            group = meta.decode
+            out[group.token_start:group.token_end] = _attend(q, k_cache, v_cache, group, scale)
+        if meta.prefill is not None:
+            self._prefill(q, k, v, k_cache, v_cache, meta.prefill, scale, out)
         return out
+
+    def _prefill(self, q, k, v, k_cache, v_cache, group: SequenceGroup, scale: float, out: torch.Tensor) -> None:
+        """Fresh prompts (nothing cached) attend over their own new K/V; chunks that continue a cached
+        prefix gather it from the pages."""
+        if not group.context_lens or any(group.context_lens):
+            out[group.token_start:group.token_end] = _attend(q, k_cache, v_cache, group, scale)
+            return
+        start = group.token_start
+        for n in group.query_lens:
+            out[start:start + n] = causal_attention_ref(q[start:start + n], k[start:start + n], v[start:start + n],
+                                                        scale)
+            start += n
 
 
 def _attend(q, k_cache, v_cache, group: SequenceGroup, scale: float) -> torch.Tensor:

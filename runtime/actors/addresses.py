@@ -9,14 +9,13 @@ from dataclasses import dataclass
 class Addresses:
     client: str  # the scheduler's ROUTER: clients (the embedded engine, ZmqClient, raw programs)
     scheduler_in: str  # the scheduler's PULL: WorkerReady and StepResult from the last stage
-    worker_in: tuple[str, ...]  # each worker stage's PULL: ExecuteBatch
+    worker_in: str  # the first worker stage's PULL: ExecuteBatch (later stages hear from the one before)
 
     @classmethod
-    def ipc(cls, directory: str, num_workers: int, client: str | None = None) -> "Addresses":
+    def ipc(cls, directory: str, client: str | None = None) -> "Addresses":
         path = lambda name: "ipc://" + os.path.join(directory, name)  # noqa: E731
-        return cls(client or path("client"), path("scheduler"), tuple(path(f"worker{i}") for i in range(num_workers)))
+        return cls(client or path("client"), path("scheduler"), path("worker0"))
 
     @classmethod
-    def inproc(cls, tag: str, num_workers: int) -> "Addresses":
-        return cls(f"inproc://{tag}-client", f"inproc://{tag}-scheduler",
-                   tuple(f"inproc://{tag}-worker{i}" for i in range(num_workers)))
+    def inproc(cls, tag: str) -> "Addresses":
+        return cls(f"inproc://{tag}-client", f"inproc://{tag}-scheduler", f"inproc://{tag}-worker0")

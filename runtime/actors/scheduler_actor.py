@@ -45,7 +45,7 @@ class SchedulerActor(Actor):
     async def on_start(self) -> dict:
         self.client = self.channel(Channel(self.ctx, "router", self.addresses.client, bind=True), listen=True)
         inbox = self.channel(Channel(self.ctx, "pull", self.addresses.scheduler_in, bind=True))
-        self.to_worker = self.channel(Channel(self.ctx, "push", self.addresses.worker_in[0], bind=False))
+        self.to_worker = self.channel(Channel(self.ctx, "push", self.addresses.worker_in, bind=False))
         if not self.config.model.skip_tokenizer_init:
             from runtime.model.loader import load_tokenizer, resolve_model_path
 

@@ -44,7 +44,7 @@ class WorkerActor(Actor):
 
     async def on_start(self) -> dict:
         if self.rank == 0:
-            self.channel(Channel(self.ctx, "pull", self.addresses.worker_in[0], bind=True), listen=True)
+            self.channel(Channel(self.ctx, "pull", self.addresses.worker_in, bind=True), listen=True)
         self.out = self.channel(Channel(self.ctx, "push", self.addresses.scheduler_in, bind=False))
         threads = self.config.parallel.worker_threads()
         if threads is not None:

@@ -126,4 +126,5 @@ class ModelRunner:
             block_tables=tables.to(self.device), seq_lens=torch.tensor(seq_lens, device=self.device),
             query_start_loc=torch.tensor(starts, device=self.device),
             max_query_len=max(q_lens), max_seq_len=max(seq_lens),
+            query_lens=tuple(q_lens), context_lens=tuple(c.start for c in chunks),
         )
