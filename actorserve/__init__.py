@@ -8,8 +8,8 @@ from runtime.async_engine import AsyncEngine
 from runtime.client import ZmqClient
 from runtime.engine.outputs import CompletionOutput, Logprob, RequestOutput
 from runtime.engine.sampling_params import SamplingParams
-from runtime.errors import ActorServeError, EngineDeadError, ModelLoadError, RequestAbortedError
+from runtime.errors import ActorServeError, EngineDeadError, ModelLoadError
 
 __all__ = ["LLM", "AsyncEngine", "ZmqClient", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob",
-           "ActorServeError", "EngineDeadError", "ModelLoadError", "RequestAbortedError"]
+           "ActorServeError", "EngineDeadError", "ModelLoadError"]
 __version__ = "0.1.0"

@@ -11,7 +11,3 @@ class ModelLoadError(ActorServeError):
 
 class EngineDeadError(ActorServeError):
     """The engine stopped (a process died or was shut down); in-flight and new requests fail with this."""
-
-
-class RequestAbortedError(ActorServeError):
-    """The request was aborted before it finished."""

@@ -24,11 +24,10 @@ class KVCacheManager:
 
     def _block_hashes(self, request: Request) -> list[int]:
         hashes = self._hashes.setdefault(request.request_id, [])
-        tokens = request.all_token_ids
         bs = self.block_size
-        while (len(hashes) + 1) * bs <= len(tokens):
+        while (len(hashes) + 1) * bs <= request.num_tokens:
             i = len(hashes)
-            hashes.append(hash_block(hashes[-1] if hashes else None, tokens[i * bs:(i + 1) * bs]))
+            hashes.append(hash_block(hashes[-1] if hashes else None, request.token_slice(i * bs, (i + 1) * bs)))
         return hashes
 
     def find_cached_prefix(self, request: Request) -> list[Block]:

@@ -38,9 +38,14 @@ class Request:
     # Prefill of this request waits until this sibling (an n>1 request's first sample) has its prompt cached.
     wait_for: Optional["Request"] = None
 
-    @property
-    def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """Tokens [start, end) of prompt + output, without building the whole list (this runs every step)."""
+        p = len(self.prompt_token_ids)
+        if end <= p:
+            return self.prompt_token_ids[start:end]
+        if start >= p:
+            return self.output_token_ids[start - p:end - p]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:end - p]
 
     @property
     def num_tokens(self) -> int:

@@ -134,7 +134,7 @@ class Scheduler:
                 self._known_to_worker.add(request.request_id)
                 new_requests.append(NewRequest(request.request_id, request.prompt_token_ids, _spec(request)))
             start = request.num_computed_tokens
-            tokens = request.all_token_ids[start:start + n]
+            tokens = request.token_slice(start, start + n)
             chunks.append(ScheduledChunk(
                 request.request_id, tokens, start, self.kv.block_ids(request.request_id),
                 sample=start + n == request.num_tokens,

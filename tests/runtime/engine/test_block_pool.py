@@ -53,3 +53,11 @@ def test_free_cached_blocks_are_revived_then_evicted_lru():
     other = _req("c", [7] * 8)
     assert kv.allocate(other, 8)  # takes every block, evicting the cached ones
     assert kv.find_cached_prefix(again) == []
+
+
+def test_token_slice_spans_prompt_and_output():
+    r = _req("s", [1, 2, 3])
+    r.output_token_ids = [4, 5]
+    for start in range(6):
+        for end in range(start, 6):
+            assert r.token_slice(start, end) == [1, 2, 3, 4, 5][start:end]
