@@ -37,7 +37,8 @@ def hf_model(llm: LLM):
         max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=cfg.tie_word_embeddings,
         bos_token_id=1, eos_token_id=2, pad_token_id=2)
     model = transformers.LlamaForCausalLM(hf_cfg).eval()
-    state = {k: v.float() for k, v in llm.engine.executor.model.state_dict().items()}
+    ours = llm.engine.executor.model
+    state = {name: ours.checkpoint_tensor(name).float() for name in ours.checkpoint_layout()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and all(k == "lm_head.weight" for k in missing), (missing, unexpected)
     return model

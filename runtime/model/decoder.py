@@ -21,10 +21,9 @@ class Attention(nn.Module):
     def __init__(self, cfg: ArchConfig) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        bias = cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
+        # q, k and v in one GEMM; the checkpoint's q_proj/k_proj/v_proj are row ranges of it (SHARDS).
+        self.q_size, self.kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
@@ -34,9 +33,10 @@ class Attention(nn.Module):
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
                 backend: AttentionBackend) -> torch.Tensor:
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(t, self.num_heads, self.head_dim)
+        k = k.reshape(t, self.num_kv_heads, self.head_dim)
+        v = v.reshape(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotary(positions, q, k)
@@ -112,6 +112,29 @@ class CausalLM(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return next(self.parameters()).dtype
+
+    def checkpoint_layout(self) -> dict[str, tuple[str, int, int]]:
+        """Every checkpoint tensor this model takes: name -> (parameter, first row, end row). Fused
+        parameters take several checkpoint tensors, each a row range."""
+        cfg = self.cfg
+        q, kv, inter = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
+        shards = {"self_attn.qkv_proj": [("self_attn.q_proj", 0, q), ("self_attn.k_proj", q, q + kv),
+                                         ("self_attn.v_proj", q + kv, q + 2 * kv)],
+                  "mlp.gate_up_proj": [("mlp.gate_proj", 0, inter), ("mlp.up_proj", inter, 2 * inter)]}
+        layout = {}
+        for name, param in self.named_parameters():
+            fused = next(((f, parts) for f, parts in shards.items() if f".{f}." in name), None)
+            if fused is None:
+                layout[name] = (name, 0, param.shape[0])
+                continue
+            for part, start, end in fused[1]:
+                layout[name.replace(fused[0], part)] = (name, start, end)
+        return layout
+
+    def checkpoint_tensor(self, name: str) -> torch.Tensor:
+        """The view of a parameter that holds the named checkpoint tensor."""
+        param, start, end = self.checkpoint_layout()[name]
+        return dict(self.named_parameters())[param][start:end]
 
     @property
     def num_local_layers(self) -> int:

@@ -81,8 +81,10 @@ def load_model(model: Optional[str], dtype: str = "float32", max_positions: Opti
 
 
 def load_weights(net: CausalLM, tensors: Iterable[tuple[str, torch.Tensor]]) -> Optional[torch.Tensor]:
-    """Copy named tensors into the model; returns GGUF rope frequency factors if the file had them."""
+    """Copy named checkpoint tensors into the model (fused parameters by row range); returns GGUF rope
+    frequency factors if the file had them. Each checkpoint tensor the model needs must come exactly once."""
     params = dict(net.named_parameters())
+    layout = net.checkpoint_layout()
     written: set[str] = set()
     freq_factors = None
     for name, tensor in tensors:
@@ -91,15 +93,16 @@ def load_weights(net: CausalLM, tensors: Iterable[tuple[str, torch.Tensor]]) -> 
             continue
         if name == "lm_head.weight" and net.lm_head is None:
             continue  # a tied checkpoint may still carry the copy
-        target = params.get(name)
-        if target is None:
+        if name not in layout:
             raise ModelLoadError(f"checkpoint tensor {name!r} has no matching model parameter")
+        param, start, end = layout[name]
+        target = params[param][start:end]
         if tuple(target.shape) != tuple(tensor.shape):
             raise ModelLoadError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(target.shape)}")
         with torch.no_grad():
             target.copy_(tensor)
         written.add(name)
-    missing = sorted(set(params) - written)
+    missing = sorted(set(layout) - written)
     if missing:
         raise ModelLoadError(f"the checkpoint did not provide {len(missing)} parameters: {', '.join(missing[:8])}")
     return freq_factors
