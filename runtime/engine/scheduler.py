@@ -25,7 +25,6 @@ class Scheduler:
         self._step = 0
         # Batches sent but not yet answered (up to the pipeline depth), and the requests they hold.
         self._in_flight: dict[int, list[tuple[Request, int]]] = {}
-        self._busy: set[str] = set()
         self._finished_ids: list[str] = []
         self._known_to_worker: set[str] = set()
         self.num_preemptions = 0
@@ -61,13 +60,14 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         scheduled: list[tuple[Request, int]] = []
         stalled = False
+        busy = {r.request_id for batch in self._in_flight.values() for r, _ in batch}
         for request in list(self.running):
             if budget <= 0:
                 break
-            if request.request_id in self._busy or request.status is not RequestStatus.RUNNING:
+            if request.request_id in busy or request.status is not RequestStatus.RUNNING:
                 continue
             n = min(request.num_tokens - request.num_computed_tokens, budget)
-            if not self._make_room(request, n):
+            if not self._make_room(request, n, busy):
                 stalled = True  # out of blocks: it was preempted, or must wait for batches in flight
                 break
             scheduled.append((request, n))
@@ -76,13 +76,12 @@ class Scheduler:
             self._admit_waiting(scheduled, budget)
         if scheduled:
             self._in_flight[self._step] = scheduled
-            self._busy.update(r.request_id for r, _ in scheduled)
         return self._build_output(scheduled)
 
-    def _make_room(self, request: Request, n: int) -> bool:
+    def _make_room(self, request: Request, n: int, busy: set[str]) -> bool:
         """Allocate for n tokens, preempting the newest idle running requests until it fits."""
         while not self.kv.allocate(request, n):
-            victim = next((r for r in reversed(self.running) if r.request_id not in self._busy), None)
+            victim = next((r for r in reversed(self.running) if r.request_id not in busy), None)
             if victim is None:
                 return False
             self.running.remove(victim)
@@ -152,7 +151,6 @@ class Scheduler:
         """Advance the requests of batch ``step``; returns (request, new token) for those that sampled."""
         produced = []
         for request, n in self._in_flight.pop(step, []):
-            self._busy.discard(request.request_id)
             if request.status is not RequestStatus.RUNNING:
                 continue  # aborted while the step ran
             request.num_computed_tokens += n
