@@ -121,7 +121,10 @@ async def merge(streams: Sequence[AsyncIterator]) -> AsyncIterator[tuple[int, An
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompts: Sequence[Prompt], outputs: Sequence[RequestOutput]) -> dict:
+    """The OpenAI usage block of a response: every prompt's tokens and every sample's tokens."""
+    prompt_tokens = sum(len(p.token_ids) for p in prompts)
+    completion_tokens = sum(len(s.token_ids) for out in outputs for s in out.outputs)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
 

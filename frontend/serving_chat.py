@@ -53,7 +53,7 @@ class ChatServing:
         } for s in out.outputs]
         return {"id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": now(),
                 "model": self.ctx.model_name, "choices": choices,
-                "usage": usage(len(prompt.token_ids), sum(len(s.token_ids) for s in out.outputs))}
+                "usage": usage([prompt], [out])}
 
     async def stream(self, request: ChatCompletionRequest, request_id: str) -> AsyncIterator[str]:
         prompt, params = self.prepare(request)
@@ -77,7 +77,7 @@ class ChatServing:
                         yield sse({**head, "choices": [chunk]})
             if request.stream_options and request.stream_options.include_usage and last is not None:
                 yield sse({**head, "choices": [],
-                           "usage": usage(len(prompt.token_ids), sum(len(s.token_ids) for s in last.outputs))})
+                           "usage": usage([prompt], [last])})
         except APIError as exc:
             yield sse_error(exc)
         yield SSE_DONE

@@ -55,10 +55,8 @@ class CompletionServing:
             prefix = echo_prefix(request, prompt.text)
             for sample in out.outputs:
                 choices.append(self._choice(i * request.n + sample.index, prefix, sample, request.logprobs))
-        completion_tokens = sum(len(s.token_ids) for out in finals for s in out.outputs)
         return {"id": f"cmpl-{request_id}", "object": "text_completion", "created": now(),
-                "model": self.ctx.model_name, "choices": choices,
-                "usage": usage(sum(len(p.token_ids) for p in prompts), completion_tokens)}
+                "model": self.ctx.model_name, "choices": choices, "usage": usage(prompts, finals)}
 
     def _choice(self, index: int, prefix: str, sample: CompletionOutput, logprobs: Optional[int]) -> dict:
         lp = None
@@ -87,9 +85,7 @@ class CompletionServing:
                     if chunk is not None:
                         yield sse({**head, "choices": [chunk]})
             if request.stream_options and request.stream_options.include_usage:
-                completion_tokens = sum(len(s.token_ids) for out in finals.values() for s in out.outputs)
-                yield sse({**head, "choices": [],
-                           "usage": usage(sum(len(p.token_ids) for p in prompts), completion_tokens)})
+                yield sse({**head, "choices": [], "usage": usage(prompts, list(finals.values()))})
         except APIError as exc:
             yield sse_error(exc)
         yield SSE_DONE
