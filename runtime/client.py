@@ -162,6 +162,3 @@ def _error(reply: ErrorReply) -> BaseException:
     if reply.kind == "EngineDeadError":
         return EngineDeadError(reply.message)
     return RuntimeError(f"{reply.kind}: {reply.message}")
-
-
-

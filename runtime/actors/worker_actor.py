@@ -13,7 +13,6 @@ import logging
 import threading
 from datetime import timedelta
 
-
 import zmq.asyncio
 
 from runtime.actor import Actor
@@ -114,6 +113,3 @@ class WorkerActor(Actor):
         log.exception("%s: step failed; stopping", self.name, exc_info=exc)
         self.failed = exc
         self.stop()
-
-
-
