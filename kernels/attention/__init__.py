@@ -5,7 +5,7 @@ cached keys. The torch reference is the ground truth that faster backends (trito
 tested against.
 """
 from kernels.attention.interface import AttentionBackend, AttentionMetadata, SequenceGroup
-from kernels.attention.torch_ref import TorchRefBackend, paged_attention_ref, write_kv_ref
+from kernels.attention.torch_ref import TorchPagedMetadata, TorchRefBackend, paged_attention, write_kv_ref
 
-__all__ = ["AttentionBackend", "AttentionMetadata", "SequenceGroup", "TorchRefBackend",
-           "paged_attention_ref", "write_kv_ref"]
+__all__ = ["AttentionBackend", "AttentionMetadata", "SequenceGroup", "TorchPagedMetadata", "TorchRefBackend",
+           "paged_attention", "write_kv_ref"]

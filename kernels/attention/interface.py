@@ -6,7 +6,7 @@ Each group is attended separately so that one long prefill does not pad every de
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Protocol
+from typing import Any, Optional, Protocol
 
 import torch
 
@@ -34,7 +34,18 @@ class AttentionMetadata:
 
 
 class AttentionBackend(Protocol):
+    """A backend owns the cache layout and turns the step's metadata into its own plan once per step
+    (``prepare``), which every layer's ``forward`` then reads."""
+
+    @staticmethod
+    def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
+        ...
+
+    def prepare(self, meta: AttentionMetadata) -> Any:
+        ...
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        """q [T, H, D], k/v [T, KVH, D], caches [num_blocks, block_size, KVH, D]; returns [T, H, D]."""
+                v_cache: torch.Tensor, meta: Any, scale: float) -> torch.Tensor:
+        """q [T, H, D], k/v [T, KVH, D], caches of ``kv_cache_shape``, meta from ``prepare``; returns
+        [T, H, D]."""
         ...

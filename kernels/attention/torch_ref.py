@@ -1,5 +1,16 @@
-"""Torch reference paged attention: gather each sequence's blocks, mask, and attend, batched per group."""
+"""Torch paged attention: gather each sequence's blocks once per layer, attend by batched matmuls.
+
+The cache is laid out [KVH, num_blocks, block_size, D], so that the blocks of one KV head form rows of
+``block_size * D`` contiguous values: one ``index_select`` of whole blocks gathers every sequence's keys
+as [KVH * B, S, D], the layout ``bmm`` takes without another copy (gathering token rows, or permuting
+a [B, S, KVH, D] gather, cost two to three times as much). Everything that depends only on the step (the
+block indices, the causal mask as an additive bias, the query padding) is planned once per step in
+``prepare`` and shared by every layer.
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -9,83 +20,92 @@ from kernels.attention.interface import AttentionMetadata, SequenceGroup
 
 def write_kv_ref(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
-    """Store new K/V rows at their slots; caches are [num_blocks, block_size, KVH, D]."""
-    slots = slot_mapping.to(device=k_cache.device, dtype=torch.long)
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k.to(k_cache.dtype))
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v.to(v_cache.dtype))
+    """Store new K/V rows [T, KVH, D] at their slots; caches are [KVH, num_blocks, block_size, D]."""
+    kvh, d = k_cache.shape[0], k_cache.shape[-1]
+    k_cache.view(kvh, -1, d).index_copy_(1, slot_mapping, k.transpose(0, 1).to(k_cache.dtype))
+    v_cache.view(kvh, -1, d).index_copy_(1, slot_mapping, v.transpose(0, 1).to(v_cache.dtype))
 
 
-def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                        block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                        max_query_len: int, max_seq_len: int, scale: float) -> torch.Tensor:
-    """Causal attention of q [T, H, D] (queries are each sequence's last tokens) over its cached K/V."""
-    device = q.device
-    block_tables = block_tables.to(device=device, dtype=torch.long)
-    seq_lens = seq_lens.to(device=device, dtype=torch.long)
-    query_start_loc = query_start_loc.to(device=device, dtype=torch.long)
-    batch = seq_lens.shape[0]
-    block_size = k_cache.shape[1]
-    num_blocks = -(-max_seq_len // block_size)
-    tables = block_tables[:, :num_blocks]
-    keys = k_cache[tables].flatten(1, 2)[:, :max_seq_len]  # [B, S, KVH, D]
-    values = v_cache[tables].flatten(1, 2)[:, :max_seq_len]
+@dataclass
+class GroupPlan:
+    """One sequence group's per-step state, shared by every layer."""
 
-    q_lens = query_start_loc[1:] - query_start_loc[:-1]
-    row = torch.arange(max_query_len, device=device)
-    q_valid = row[None, :] < q_lens[:, None]  # [B, Q]
-    q_index = (query_start_loc[:-1, None] + row[None, :]).clamp(max=q.shape[0] - 1)
-    padded_q = q[q_index]  # [B, Q, H, D]
-
-    q_pos = seq_lens[:, None] - q_lens[:, None] + row[None, :]  # absolute position of each query
-    k_pos = torch.arange(max_seq_len, device=device)
-    mask = (k_pos[None, None, :] <= q_pos[:, :, None]) & (k_pos[None, None, :] < seq_lens[:, None, None])
-    mask &= q_valid[:, :, None]
-    mask[:, :, 0] |= ~q_valid  # padded query rows see one key, so softmax stays finite; they are dropped
-
-    out = _grouped_attention(padded_q, keys.to(q.dtype), values.to(q.dtype), mask, scale)  # [B, Q, H, D]
-    return out[q_valid].reshape(-1, *q.shape[1:]) if batch else q.new_empty((0, *q.shape[1:]))
+    group: SequenceGroup
+    block_rows: torch.Tensor  # [KVH * B * nbl]: rows of the cache viewed as [KVH * num_blocks, bs * D]
+    padded_len: int  # nbl * block_size keys per sequence, the tail masked
+    bias: torch.Tensor  # [B, Q, padded_len] fp32: 0 where a query may see a key, -inf elsewhere
+    q_index: Optional[torch.Tensor]  # [B, Q] rows of q, padded queries clamped (None: one query each)
+    q_valid: Optional[torch.Tensor]  # [B * Q] which padded queries are real
+    fresh: bool  # nothing cached before this step: attend over the new K/V themselves
 
 
-def _grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                       scale: float) -> torch.Tensor:
-    """q [B, Q, H, D] over k/v [B, S, KVH, D] with mask [B, Q, S]; each KV head serves its group of query
-    heads by one batched matmul (no K/V copy per query head), scores and softmax in fp32."""
-    b, nq, h, d = q.shape
-    kvh = k.shape[2]
-    g = h // kvh
-    qg = q.view(b, nq, kvh, g, d).permute(0, 2, 3, 1, 4).reshape(b, kvh, g * nq, d)
-    scores = torch.matmul(qg, k.permute(0, 2, 3, 1)).float().mul_(scale)  # [B, KVH, G*Q, S]
-    scores = scores.view(b, kvh, g, nq, -1).masked_fill_(~mask[:, None, None], float("-inf"))
-    probs = scores.softmax(dim=-1).to(v.dtype).view(b, kvh, g * nq, -1)
-    out = torch.matmul(probs, v.permute(0, 2, 1, 3))  # [B, KVH, G*Q, D]
-    return out.view(b, kvh, g, nq, d).permute(0, 3, 1, 2, 4).reshape(b, nq, h, d)
-
-
-def causal_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """Plain causal attention of one sequence with nothing cached before it: q [L, H, D], k/v [L, KVH, D].
-    The new K/V are used as they are, with no gather from the paged cache."""
-    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                                         is_causal=True, scale=scale, enable_gqa=True)
-    return out[0].transpose(0, 1)
+@dataclass
+class TorchPagedMetadata:
+    slot_mapping: torch.Tensor
+    decode: Optional[GroupPlan]
+    prefill: Optional[GroupPlan]
 
 
 class TorchRefBackend:
+    def __init__(self, num_kv_heads: int, num_blocks: int, block_size: int) -> None:
+        self.num_kv_heads, self.num_blocks, self.block_size = num_kv_heads, num_blocks, block_size
+
+    @staticmethod
+    def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
+        return (num_kv_heads, num_blocks, block_size, head_dim)
+
+    def prepare(self, meta: AttentionMetadata) -> TorchPagedMetadata:
+        return TorchPagedMetadata(meta.slot_mapping, self._plan(meta.decode), self._plan(meta.prefill))
+
+    def _plan(self, group: Optional[SequenceGroup]) -> Optional[GroupPlan]:
+        if group is None:
+            return None
+        bs = self.block_size
+        nbl = -(-group.max_seq_len // bs)
+        tables = group.block_tables[:, :nbl].to(torch.long)
+        device = tables.device
+        heads = torch.arange(self.num_kv_heads, device=device)[:, None, None] * self.num_blocks
+        block_rows = (heads + tables[None]).flatten()
+        padded_len = nbl * bs
+        q_max = group.max_query_len
+        q_lens = torch.tensor(group.query_lens, device=device)
+        context = torch.tensor(group.context_lens, device=device)
+        row = torch.arange(q_max, device=device)
+        q_valid = row[None, :] < q_lens[:, None]  # [B, Q]
+        q_pos = context[:, None] + row[None, :]  # absolute position of each query
+        k_pos = torch.arange(padded_len, device=device)
+        allowed = (k_pos[None, None, :] <= q_pos[:, :, None]) & q_valid[:, :, None]
+        allowed[:, :, 0] |= ~q_valid  # padded query rows see one key, so softmax stays finite; they are dropped
+        bias = torch.zeros(allowed.shape, dtype=torch.float32, device=device).masked_fill_(~allowed, float("-inf"))
+        q_index = q_valid_flat = None
+        if q_max > 1:
+            starts = group.query_start_loc[:-1].to(device=device, dtype=torch.long)
+            q_index = (starts[:, None] + row[None, :]).clamp(max=group.token_end - group.token_start - 1)
+            q_valid_flat = q_valid.flatten()
+        return GroupPlan(group, block_rows, padded_len, bias, q_index, q_valid_flat, not any(group.context_lens))
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                v_cache: torch.Tensor, meta: TorchPagedMetadata, scale: float) -> torch.Tensor:
         write_kv_ref(k_cache, v_cache, k, v, meta.slot_mapping)
+        if meta.prefill is None and meta.decode is not None:
+            return paged_attention(q, k_cache, v_cache, meta.decode, scale)
         out = torch.empty_like(q)
         if meta.decode is not None:
-            group = meta.decode
-            out[group.token_start:group.token_end] = _attend(q, k_cache, v_cache, group, scale)
+            group = meta.decode.group
+            out[group.token_start:group.token_end] = paged_attention(q[group.token_start:group.token_end],
+                                                                     k_cache, v_cache, meta.decode, scale)
         if meta.prefill is not None:
             self._prefill(q, k, v, k_cache, v_cache, meta.prefill, scale, out)
         return out
 
-    def _prefill(self, q, k, v, k_cache, v_cache, group: SequenceGroup, scale: float, out: torch.Tensor) -> None:
+    @staticmethod
+    def _prefill(q, k, v, k_cache, v_cache, plan: GroupPlan, scale: float, out: torch.Tensor) -> None:
         """Fresh prompts (nothing cached) attend over their own new K/V; chunks that continue a cached
         prefix gather it from the pages."""
-        if not group.context_lens or any(group.context_lens):
-            out[group.token_start:group.token_end] = _attend(q, k_cache, v_cache, group, scale)
+        group = plan.group
+        if not plan.fresh:
+            out[group.token_start:group.token_end] = paged_attention(q[group.token_start:group.token_end],
+                                                                     k_cache, v_cache, plan, scale)
             return
         start = group.token_start
         for n in group.query_lens:
@@ -94,8 +114,34 @@ class TorchRefBackend:
             start += n
 
 
-def _attend(q, k_cache, v_cache, group: SequenceGroup, scale: float) -> torch.Tensor:
-    return paged_attention_ref(
-        q[group.token_start:group.token_end], k_cache, v_cache, group.block_tables, group.seq_lens,
-        group.query_start_loc, group.max_query_len, group.max_seq_len, scale,
-    )
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: GroupPlan,
+                    scale: float) -> torch.Tensor:
+    """Causal attention of one group's queries q [T, H, D] over their sequences' cached K/V. Each KV head
+    serves its group of query heads in one batched matmul; scores and softmax are fp32."""
+    kvh, num_blocks, bs, d = k_cache.shape
+    h = q.shape[1]
+    g = h // kvh
+    b, nq, s = plan.bias.shape
+    keys = k_cache.view(kvh * num_blocks, bs * d).index_select(0, plan.block_rows).view(kvh * b, s, d)
+    values = v_cache.view(kvh * num_blocks, bs * d).index_select(0, plan.block_rows).view(kvh * b, s, d)
+    if plan.q_index is None:  # one query per sequence
+        qg = q.view(b, kvh, g, d).transpose(0, 1).reshape(kvh * b, g, d)
+    else:
+        qg = q[plan.q_index].view(b, nq, kvh, g, d).permute(2, 0, 3, 1, 4).reshape(kvh * b, g * nq, d)
+    qg = qg.to(keys.dtype)
+    scores = torch.bmm(qg, keys.transpose(1, 2)).float().mul_(scale)
+    scores = scores.view(kvh, b, g, nq, s).add_(plan.bias.view(1, b, 1, nq, s))
+    probs = scores.softmax(dim=-1).to(values.dtype).view(kvh * b, g * nq, s)
+    out = torch.bmm(probs, values).to(q.dtype)  # [KVH * B, G * Q, D]
+    if plan.q_index is None:
+        return out.view(kvh, b, g, d).transpose(0, 1).reshape(b, h, d)
+    out = out.view(kvh, b, g, nq, d).permute(1, 3, 0, 2, 4).reshape(b * nq, h, d)
+    return out[plan.q_valid]
+
+
+def causal_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Plain causal attention of one sequence with nothing cached before it: q [L, H, D], k/v [L, KVH, D].
+    The new K/V are used as they are, with no gather from the paged cache."""
+    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                         is_causal=True, scale=scale, enable_gqa=True)
+    return out[0].transpose(0, 1)

@@ -7,14 +7,14 @@ head_dim, tied embeddings, rope scaling).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
 
-from kernels.attention import AttentionBackend, AttentionMetadata
+from kernels.attention import AttentionBackend
 from runtime.model.arch_config import ArchConfig
-from runtime.model.layers import GatedMLP, RMSNorm, RotaryEmbedding, rope_inv_freq
+from runtime.model.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary, rope_inv_freq
 
 
 class Attention(nn.Module):
@@ -29,17 +29,20 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.scale = cfg.head_dim ** -0.5
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
-                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
-                backend: AttentionBackend) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: Any, backend: AttentionBackend) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.reshape(t, self.num_heads, self.head_dim)
-        k = k.reshape(t, self.num_kv_heads, self.head_dim)
-        v = v.reshape(t, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(positions, q, k)
+        qkv = self.qkv_proj(x)
+        heads = self.num_heads
+        v = qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is None:  # q and k are adjacent columns: rotate them together
+            qk = apply_rotary(qkv[:, :self.q_size + self.kv_size].view(t, -1, self.head_dim), rope)
+            q, k = qk[:, :heads], qk[:, heads:]
+        else:
+            q = self.q_norm(qkv[:, :self.q_size].reshape(t, heads, self.head_dim))
+            k = self.k_norm(qkv[:, self.q_size:self.q_size + self.kv_size].reshape(t, self.num_kv_heads,
+                                                                                    self.head_dim))
+            q, k = apply_rotary(q, rope), apply_rotary(k, rope)
         out = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
         return self.o_proj(out.reshape(t, -1))
 
@@ -52,8 +55,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, x, positions, rotary, kv_cache, meta, backend):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, kv_cache, meta, backend)
+    def forward(self, x, rope, kv_cache, meta, backend):
+        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta, backend)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -147,11 +150,13 @@ class CausalLM(nn.Module):
         self.rotary = RotaryEmbedding(cfg.head_dim, self.max_positions, inv_freq).to(device)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: Any,
                 backend: AttentionBackend, hidden_in: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``meta`` is the attention backend's plan of the step (``backend.prepare``)."""
         x = self.model.embed_tokens(input_ids) if self.stage.first else hidden_in
+        rope = self.rotary.table(positions, x.dtype)
         for layer, kv in zip(self.model.layers.values(), kv_caches):
-            x = layer(x, positions, self.rotary, kv, meta, backend)
+            x = layer(x, rope, kv, meta, backend)
         return self.model.norm(x) if self.stage.last else x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

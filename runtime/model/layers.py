@@ -6,6 +6,7 @@ from typing import Any, Optional
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 
 class RMSNorm(nn.Module):
@@ -15,10 +16,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        # transformers' order: normalise in fp32, cast back, then scale by the weight in the model dtype.
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype)
 
 
 class GatedMLP(nn.Module):
@@ -61,23 +62,27 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotate-half rotary embedding with a cos/sin table computed once for every position."""
+    """Rotate-half rotary embedding with a cos/sin table computed once for every position.
+
+    ``rotate_half(x) * sin`` equals ``roll(x, D/2) * sin_signed`` with the first half of sin negated, so
+    applying it costs one roll instead of two slices, a negation and a concatenation (same values)."""
 
     def __init__(self, head_dim: int, max_positions: int, inv_freq: torch.Tensor) -> None:
         super().__init__()
         positions = torch.arange(max_positions, dtype=torch.float32)
         freqs = positions[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
+        sin = emb.sin()
+        half = head_dim // 2
         self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        self.register_buffer("sin_signed", torch.cat((-sin[:, :half], sin[:, half:]), dim=-1), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """q [T, H, D], k [T, KVH, D] at the given absolute positions."""
-        cos = self.cos[positions][:, None, :].to(q.dtype)
-        sin = self.sin[positions][:, None, :].to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    def table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin [T, 1, D] for the step's positions, looked up once and shared by every layer."""
+        return self.cos[positions][:, None, :].to(dtype), self.sin_signed[positions][:, None, :].to(dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def apply_rotary(x: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """x [T, heads, D] rotated by the step's table."""
+    cos, sin_signed = table
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_signed

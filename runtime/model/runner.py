@@ -6,7 +6,7 @@ attention metadata, runs the model, and samples the requests whose chunk reached
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -26,7 +26,7 @@ def kv_bytes_per_block(cfg: ArchConfig, block_size: int, dtype: torch.dtype) -> 
 class ModelInputs:
     input_ids: torch.Tensor
     positions: torch.Tensor
-    meta: AttentionMetadata
+    meta: Any  # the attention backend's plan of the step (``backend.prepare``)
     logits_indices: torch.Tensor  # rows of the hidden states to turn into logits, one per sampled request
     sample_ids: list[str]  # request ids in the order of logits_indices
 
@@ -40,11 +40,11 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.device = torch.device(device)
         dtype = model.dtype
-        shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.backend = TorchRefBackend(cfg.num_kv_heads, num_blocks, block_size)
+        shape = self.backend.kv_cache_shape(num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=self.device),
                            torch.zeros(shape, dtype=dtype, device=self.device))
                           for _ in range(model.num_local_layers)]
-        self.backend = TorchRefBackend()
         self.sampler = Sampler(seed)
         self._rows: dict[str, SamplingRow] = {}
 
@@ -107,15 +107,15 @@ class ModelRunner:
             decode=self._group(decodes, 0),
             prefill=self._group(prefills, len(decodes)),
         )
-        return ModelInputs(as_long(ids), as_long(positions), meta, as_long(logits_indices), sample_ids)
+        return ModelInputs(as_long(ids), as_long(positions), self.backend.prepare(meta), as_long(logits_indices),
+                           sample_ids)
 
     def _group(self, chunks: list[ScheduledChunk], token_start: int) -> Optional[SequenceGroup]:
         if not chunks:
             return None
         max_blocks = max(len(c.block_ids) for c in chunks)
-        tables = torch.zeros(len(chunks), max_blocks, dtype=torch.long)
-        for i, c in enumerate(chunks):
-            tables[i, :len(c.block_ids)] = torch.tensor(c.block_ids, dtype=torch.long)
+        tables = torch.tensor([list(c.block_ids) + [0] * (max_blocks - len(c.block_ids)) for c in chunks],
+                              dtype=torch.long)
         q_lens = [len(c.token_ids) for c in chunks]
         seq_lens = [c.start + n for c, n in zip(chunks, q_lens)]
         starts = [0]
