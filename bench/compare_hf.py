@@ -7,8 +7,9 @@ them), so the comparison is of engines, not of files. Workloads come from
 ../shared/reference/bench_prompts.json: single-stream decode (the 20-token prompt, 64 new tokens), 16
 prompts batched (64 new tokens each; transformers pads on the left), a 512-token prefill, and offline
 throughput (prompts of about 128 tokens, 128 new tokens, greedy). transformers runs the offline workload
-on fewer prompts (one padded batch), since its rate is what is compared. Both run in ``--dtype``. Prints
-a table of ratios and writes bench/results/compare_hf_<dtype>.json.
+on fewer prompts (one padded batch), since its rate is what is compared. Both run in ``--dtype``
+(``--hf-dtype float32`` keeps transformers at the issue's anchor setting). Prints
+a table of ratios and writes bench/results/compare_hf_<dtype>_vs_<hf dtype>.json.
 """
 from __future__ import annotations
 
@@ -78,10 +79,12 @@ def main() -> None:
     ap.add_argument("--offline-prompts", type=int, default=256)
     ap.add_argument("--hf-offline-prompts", type=int, default=32)
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--hf-dtype", default=None, help="transformers' dtype (default: --dtype)")
     args = ap.parse_args()
+    hf_dtype = args.hf_dtype or args.dtype
     data = json.loads(PROMPTS.read_text())
     llm = LLM(max_model_len=1024, dtype=args.dtype, kv_cache_memory=1 << 30)
-    hf = hf_model(llm).to(getattr(torch, args.dtype))  # the same weights, in the same dtype
+    hf = hf_model(llm).to(getattr(torch, hf_dtype))  # the same weights
     ours(llm, [data["single"]], 4)  # warm-up
     hf_generate(hf, [data["single"]], 4)
 
@@ -107,7 +110,8 @@ def main() -> None:
               f"{r['ratio']:6.2f}x")
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
-    (out / f"compare_hf_{args.dtype}.json").write_text(json.dumps({"dtype": args.dtype, "rows": rows}, indent=1))
+    (out / f"compare_hf_{args.dtype}_vs_{hf_dtype}.json").write_text(
+        json.dumps({"dtype": args.dtype, "hf_dtype": hf_dtype, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
