@@ -32,8 +32,7 @@ class GroupPlan:
 
     group: SequenceGroup
     block_rows: torch.Tensor  # [KVH * B * nbl]: rows of the cache viewed as [KVH * num_blocks, bs * D]
-    padded_len: int  # nbl * block_size keys per sequence, the tail masked
-    bias: torch.Tensor  # [B, Q, padded_len] fp32: 0 where a query may see a key, -inf elsewhere
+    bias: torch.Tensor  # [B, Q, nbl * block_size] fp32: 0 where a query may see a key (the tail masked)
     q_index: Optional[torch.Tensor]  # [B, Q] rows of q, padded queries clamped (None: one query each)
     q_valid: Optional[torch.Tensor]  # [B * Q] which padded queries are real
     fresh: bool  # nothing cached before this step: attend over the new K/V themselves
@@ -66,14 +65,13 @@ class TorchRefBackend:
         device = tables.device
         heads = torch.arange(self.num_kv_heads, device=device)[:, None, None] * self.num_blocks
         block_rows = (heads + tables[None]).flatten()
-        padded_len = nbl * bs
         q_max = group.max_query_len
         q_lens = torch.tensor(group.query_lens, device=device)
         context = torch.tensor(group.context_lens, device=device)
         row = torch.arange(q_max, device=device)
         q_valid = row[None, :] < q_lens[:, None]  # [B, Q]
         q_pos = context[:, None] + row[None, :]  # absolute position of each query
-        k_pos = torch.arange(padded_len, device=device)
+        k_pos = torch.arange(nbl * bs, device=device)
         allowed = (k_pos[None, None, :] <= q_pos[:, :, None]) & q_valid[:, :, None]
         allowed[:, :, 0] |= ~q_valid  # padded query rows see one key, so softmax stays finite; they are dropped
         bias = torch.zeros(allowed.shape, dtype=torch.float32, device=device).masked_fill_(~allowed, float("-inf"))
@@ -82,18 +80,17 @@ class TorchRefBackend:
             starts = group.query_start_loc[:-1].to(device=device, dtype=torch.long)
             q_index = (starts[:, None] + row[None, :]).clamp(max=group.token_end - group.token_start - 1)
             q_valid_flat = q_valid.flatten()
-        return GroupPlan(group, block_rows, padded_len, bias, q_index, q_valid_flat, not any(group.context_lens))
+        return GroupPlan(group, block_rows, bias, q_index, q_valid_flat, not any(group.context_lens))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: TorchPagedMetadata, scale: float) -> torch.Tensor:
         write_kv_ref(k_cache, v_cache, k, v, meta.slot_mapping)
-        if meta.prefill is None and meta.decode is not None:
-            return paged_attention(q, k_cache, v_cache, meta.decode, scale)
+        if meta.prefill is None and meta.decode is not None:  # decodes only: their output is the step's
+            return _attend(q, k_cache, v_cache, meta.decode, scale)
         out = torch.empty_like(q)
         if meta.decode is not None:
             group = meta.decode.group
-            out[group.token_start:group.token_end] = paged_attention(q[group.token_start:group.token_end],
-                                                                     k_cache, v_cache, meta.decode, scale)
+            out[group.token_start:group.token_end] = _attend(q, k_cache, v_cache, meta.decode, scale)
         if meta.prefill is not None:
             self._prefill(q, k, v, k_cache, v_cache, meta.prefill, scale, out)
         return out
@@ -104,14 +101,20 @@ class TorchRefBackend:
         prefix gather it from the pages."""
         group = plan.group
         if not plan.fresh:
-            out[group.token_start:group.token_end] = paged_attention(q[group.token_start:group.token_end],
-                                                                     k_cache, v_cache, plan, scale)
+            out[group.token_start:group.token_end] = _attend(q, k_cache, v_cache, plan, scale)
             return
         start = group.token_start
         for n in group.query_lens:
             out[start:start + n] = causal_attention_ref(q[start:start + n], k[start:start + n], v[start:start + n],
                                                         scale)
             start += n
+
+
+def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: GroupPlan,
+            scale: float) -> torch.Tensor:
+    """The group's own rows of the step's queries, attended over the pages."""
+    group = plan.group
+    return paged_attention(q[group.token_start:group.token_end], k_cache, v_cache, plan, scale)
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: GroupPlan,
