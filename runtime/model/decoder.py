@@ -13,8 +13,9 @@ import torch
 from torch import nn
 
 from kernels.attention import AttentionBackend
+from kernels.gemm import linear
 from runtime.model.arch_config import ArchConfig
-from runtime.model.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary, rope_inv_freq
+from runtime.model.layers import GatedMLP, Linear, RMSNorm, RotaryEmbedding, apply_rotary, rope_inv_freq
 
 
 class Attention(nn.Module):
@@ -23,8 +24,8 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         # q, k and v in one GEMM; the checkpoint's q_proj/k_proj/v_proj are row ranges of it (SHARDS).
         self.q_size, self.kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        self.o_proj = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.scale = cfg.head_dim ** -0.5
@@ -109,7 +110,7 @@ class CausalLM(nn.Module):
         self.max_positions = max_positions
         self.model = DecoderBody(cfg, self.stage)
         untied_head = self.stage.last and not cfg.tie_word_embeddings
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False) if untied_head else None
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False) if untied_head else None
         self.rotary: Optional[RotaryEmbedding] = None
 
     @property
@@ -161,4 +162,4 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return (hidden @ weight.t()).float()
+        return linear(hidden, weight).float()

@@ -8,6 +8,16 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from kernels.gemm import linear
+
+
+class Linear(nn.Linear):
+    """nn.Linear whose product goes through ``kernels.gemm.linear``: skinny bf16 decode products take the
+    weight-streaming CPU kernel, everything else torch."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
@@ -25,8 +35,8 @@ class RMSNorm(nn.Module):
 class GatedMLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)  # gate_proj and up_proj, one GEMM
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_up_proj = Linear(hidden, 2 * intermediate, bias=False)  # gate_proj and up_proj, one GEMM
+        self.down_proj = Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)

@@ -1,0 +1,87 @@
+/* y[M, N] = x[M, K] . w[N, K]^T (+ bias[N]) for bf16 x, w, bias and y, accumulated in fp32.
+ *
+ * For the few-row products of decode steps (M up to about 8) the cost is reading w once from memory;
+ * oneDNN's bf16 path reaches about 12 GB/s of weight reads there on 2 cores, this loop about twice that.
+ * Each thread takes a contiguous range of output rows; blocks of BLOCK rows of w are read once and
+ * reused, from L1, for every row of x. Needs AVX-512 BF16 (vdpbf16ps); the caller checks the CPU.
+ * Threads come from the OpenMP runtime torch has already loaded (same soname), so they are torch's.
+ */
+#include <immintrin.h>
+#include <omp.h>
+#include <stdint.h>
+#include <string.h>
+
+#define BLOCK 8
+
+static inline uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  /* NaN stays a quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);  /* round to nearest even, as torch's float -> bf16 */
+    return (uint16_t)(u >> 16);
+}
+
+static inline float from_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static void rows(const uint16_t *x, const uint16_t *w, const uint16_t *bias, uint16_t *y,
+                 int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1) {
+    const int64_t full = K / 32 * 32;
+    const __mmask32 tail = (__mmask32)((1ull << (K - full)) - 1);
+    for (int64_t n = n0; n < n1; n += BLOCK) {
+        const int64_t nr = n1 - n < BLOCK ? n1 - n : BLOCK;
+        const uint16_t *wn = w + n * K;
+        for (int64_t m = 0; m < M; m++) {
+            const uint16_t *xm = x + m * K;
+            __m512 acc[BLOCK];
+            for (int r = 0; r < BLOCK; r++) acc[r] = _mm512_setzero_ps();
+            if (nr == BLOCK) {
+                for (int64_t k = 0; k < full; k += 32) {
+                    __m512bh xv = (__m512bh)_mm512_loadu_si512(xm + k);
+#pragma GCC unroll 8
+                    for (int r = 0; r < BLOCK; r++) {
+                        _mm_prefetch((const char *)(wn + (r + 2 * BLOCK) * K + k), _MM_HINT_T0);
+                        acc[r] = _mm512_dpbf16_ps(acc[r], xv, (__m512bh)_mm512_loadu_si512(wn + r * K + k));
+                    }
+                }
+            } else {
+                for (int64_t k = 0; k < full; k += 32) {
+                    __m512bh xv = (__m512bh)_mm512_loadu_si512(xm + k);
+                    for (int64_t r = 0; r < nr; r++)
+                        acc[r] = _mm512_dpbf16_ps(acc[r], xv, (__m512bh)_mm512_loadu_si512(wn + r * K + k));
+                }
+            }
+            if (tail) {
+                __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(tail, xm + full);
+                for (int64_t r = 0; r < nr; r++)
+                    acc[r] = _mm512_dpbf16_ps(acc[r], xv,
+                                              (__m512bh)_mm512_maskz_loadu_epi16(tail, wn + r * K + full));
+            }
+            for (int64_t r = 0; r < nr; r++) {
+                float s = _mm512_reduce_add_ps(acc[r]);
+                if (bias) s += from_bf16(bias[n + r]);
+                y[m * N + n + r] = to_bf16(s);
+            }
+        }
+    }
+}
+
+void skinny_linear_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *bias, uint16_t *y,
+                        int64_t M, int64_t N, int64_t K, int threads) {
+    if (threads < 1) threads = 1;
+    int64_t per = ((N + threads - 1) / threads + BLOCK - 1) / BLOCK * BLOCK;
+    if (threads == 1 || N <= BLOCK) {
+        rows(x, w, bias, y, M, N, K, 0, N);
+        return;
+    }
+#pragma omp parallel num_threads(threads)
+    {
+        int64_t t = omp_get_thread_num();
+        int64_t a = t * per, b = a + per < N ? a + per : N;
+        if (a < b) rows(x, w, bias, y, M, N, K, a, b);
+    }
+}
