@@ -6,6 +6,7 @@ tested against.
 """
 from kernels.attention.interface import AttentionBackend, AttentionMetadata, SequenceGroup
 from kernels.attention.torch_ref import TorchPagedMetadata, TorchRefBackend, paged_attention, write_kv_ref
+from kernels.attention import cpu_decode  # after torch_ref: it builds on it
 
 __all__ = ["AttentionBackend", "AttentionMetadata", "SequenceGroup", "TorchPagedMetadata", "TorchRefBackend",
-           "paged_attention", "write_kv_ref"]
+           "cpu_decode", "paged_attention", "write_kv_ref"]

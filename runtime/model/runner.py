@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 import torch
 
-from kernels.attention import AttentionMetadata, SequenceGroup, TorchRefBackend
+from kernels.attention import AttentionMetadata, SequenceGroup, TorchRefBackend, cpu_decode
 from runtime.engine.batch import ModelRunnerOutput, ScheduledChunk, SchedulerOutput
 from runtime.model.arch_config import ArchConfig
 from runtime.model.decoder import CausalLM
@@ -40,13 +40,19 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.device = torch.device(device)
         dtype = model.dtype
-        self.backend = TorchRefBackend(cfg.num_kv_heads, num_blocks, block_size)
+        self.backend = self._backend_class(cfg, dtype)(cfg.num_kv_heads, num_blocks, block_size)
         shape = self.backend.kv_cache_shape(num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=self.device),
                            torch.zeros(shape, dtype=dtype, device=self.device))
                           for _ in range(model.num_local_layers)]
         self.sampler = Sampler(seed)
         self._rows: dict[str, SamplingRow] = {}
+
+    def _backend_class(self, cfg: ArchConfig, dtype: torch.dtype) -> type:
+        """The C decode kernel for bf16 models on CPUs that take it; the torch backend otherwise."""
+        if self.device.type == "cpu" and cpu_decode.supports(dtype, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim):
+            return cpu_decode.CpuDecodeBackend
+        return TorchRefBackend
 
     @property
     def is_last_stage(self) -> bool:

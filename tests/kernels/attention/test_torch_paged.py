@@ -1,12 +1,14 @@
-"""The paged torch backend against plain dense causal attention of each sequence on its own."""
+"""The paged backends (torch, and torch with the C decode kernel) against plain dense causal attention of
+each sequence on its own."""
 import random
 
 import pytest
 import torch
 
-from kernels.attention import AttentionMetadata, SequenceGroup, TorchRefBackend
+from kernels.attention import AttentionMetadata, SequenceGroup, TorchRefBackend, cpu_decode
 
-KVH, H, D, BS, NB = 2, 6, 16, 4, 64
+KVH, H, D, BS, NB = 2, 6, 64, 4, 64
+BACKENDS = {"torch": TorchRefBackend, "cpu_decode": cpu_decode.CpuDecodeBackend}
 
 
 def dense(q, k, v, context: int, scale: float):
@@ -34,6 +36,7 @@ def group(seqs, token_start, tables):
         query_lens=tuple(q_lens), context_lens=tuple(c for c, _ in seqs))
 
 
+@pytest.mark.parametrize("backend_name", list(BACKENDS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("decodes,prefills", [
     ([(5, 1), (0, 1), (17, 1)], []),              # decodes only, one with nothing cached before it
@@ -41,10 +44,12 @@ def group(seqs, token_start, tables):
     ([], [(6, 5), (0, 4), (13, 1)]),              # chunks continuing a cached prefix, mixed lengths
     ([(9, 1), (30, 1)], [(3, 6), (0, 2)]),        # decodes and prefills in one step
 ])
-def test_paged_matches_dense(decodes, prefills, dtype):
+def test_paged_matches_dense(decodes, prefills, dtype, backend_name):
+    if backend_name == "cpu_decode" and not cpu_decode.supports(dtype, H, KVH, D):
+        pytest.skip("the C decode kernel takes bf16 only, on a CPU with AVX-512 BF16 and a C compiler")
     rng = random.Random(0)
     torch.manual_seed(0)
-    backend = TorchRefBackend(KVH, NB, BS)
+    backend = BACKENDS[backend_name](KVH, NB, BS)
     k_cache = torch.zeros(backend.kv_cache_shape(NB, BS, KVH, D), dtype=dtype)
     v_cache = torch.zeros_like(k_cache)
     free = list(range(NB))

@@ -1,0 +1,133 @@
+"""Decode attention read straight from the paged bf16 cache, on CPUs with AVX-512 BF16.
+
+The torch backend gathers every decoding sequence's K/V blocks into a contiguous copy in every layer
+(``index_select``), then runs two small ``bmm``s: at batch 256 that is a third of a decode step, and at
+batch 1 the oneDNN calls cost more than the arithmetic. ``cpu_decode_bf16.c`` reads each key and value row
+once, in place, for all query heads of its KV head, with fp32 scores and softmax. ``CpuDecodeBackend`` is
+the torch backend with its decode group handed to the kernel; prefill chunks stay on torch.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from kernels.attention.interface import AttentionMetadata, SequenceGroup
+from kernels.attention.torch_ref import GroupPlan, TorchRefBackend, write_kv_ref
+from kernels.gemm.skinny import cpu_has_avx512_bf16
+from kernels.native import load
+
+SOURCE = Path(__file__).with_name("cpu_decode_bf16.c")
+FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp"]
+PROFILE_NAME = "actorserve::paged_decode_bf16"
+MAX_GROUP, MAX_HEAD_DIM = 16, 256  # as in the C source
+
+
+class _Library:
+    def __init__(self) -> None:
+        self._lib: Optional[ctypes.CDLL] = None
+        self._tried = False
+
+    def get(self) -> Optional[ctypes.CDLL]:
+        if not self._tried:
+            self._tried = True
+            if os.environ.get("ACTORSERVE_CPU_KERNELS", "1") != "0" and cpu_has_avx512_bf16():
+                lib = load(SOURCE, FLAGS)
+                if lib is not None:
+                    fn = lib.paged_decode_bf16
+                    fn.restype = ctypes.c_int
+                    fn.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_int64] + [ctypes.c_void_p] * 2
+                                   + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int])
+                self._lib = lib
+        return self._lib
+
+
+_library = _Library()
+
+
+def available() -> bool:
+    return _library.get() is not None
+
+
+def supports(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+    """Whether the kernel takes a model of this shape; its gate alone."""
+    return (dtype == torch.bfloat16 and num_heads % num_kv_heads == 0 and num_heads // num_kv_heads <= MAX_GROUP
+            and head_dim % 32 == 0 and head_dim <= MAX_HEAD_DIM and available())
+
+
+def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                 seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """Attention of one query per sequence, q [B, H, D] bf16, over caches [KVH, num_blocks, block_size, D]
+    bf16 holding each sequence's first ``seq_lens[b]`` tokens at the blocks ``block_tables[b]`` (int64)."""
+    lib = _library.get()
+    if lib is None:
+        raise RuntimeError("the paged decode kernel is not available on this machine")
+    kvh, num_blocks, block_size, d = k_cache.shape
+    b, h, _ = q.shape
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous() and block_tables.dtype == torch.int64
+            and seq_lens.dtype == torch.int64 and block_tables.shape[0] == b == seq_lens.shape[0]):
+        raise ValueError("paged_decode: contiguous caches, and int64 block tables and lengths of one row per query")
+    if b and int(seq_lens.max()) > block_tables.shape[1] * block_size:
+        raise ValueError("paged_decode: a sequence is longer than its block table")
+    q = q.contiguous()
+    tables = block_tables.contiguous()
+    lens = seq_lens.contiguous()
+    out = torch.empty_like(q)
+    args = (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), tables.shape[1],
+            lens.data_ptr(), out.data_ptr(), b, h, kvh, num_blocks, block_size, d, scale, torch.get_num_threads())
+    if torch.autograd._profiler_enabled():
+        with torch.profiler.record_function(PROFILE_NAME):
+            rc = lib.paged_decode_bf16(*args)
+    else:
+        rc = lib.paged_decode_bf16(*args)
+    if rc != 0:
+        raise RuntimeError(f"paged_decode_bf16 failed ({rc}): shapes outside the kernel, or out of memory")
+    return out
+
+
+@dataclass
+class KernelDecodePlan:
+    group: SequenceGroup
+    block_tables: torch.Tensor  # [B, blocks] int64, contiguous
+    seq_lens: torch.Tensor  # [B] int64, contiguous
+
+
+@dataclass
+class CpuDecodeMetadata:
+    slot_mapping: torch.Tensor
+    decode: Optional[KernelDecodePlan]
+    prefill: Optional[GroupPlan]
+
+
+class CpuDecodeBackend(TorchRefBackend):
+    """The torch backend, with the decode group attended in place by the C kernel (bf16 models only:
+    ``supports`` is the gate the runner checks)."""
+
+    def prepare(self, meta: AttentionMetadata) -> CpuDecodeMetadata:
+        decode = None
+        if meta.decode is not None:
+            g = meta.decode
+            nbl = -(-g.max_seq_len // self.block_size)
+            decode = KernelDecodePlan(g, g.block_tables[:, :nbl].to(torch.int64).contiguous(),
+                                      g.seq_lens.to(torch.int64).contiguous())
+        return CpuDecodeMetadata(meta.slot_mapping, decode, self._plan(meta.prefill))
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, meta: CpuDecodeMetadata, scale: float) -> torch.Tensor:
+        plan = meta.decode
+        if plan is None:
+            return super().forward(q, k, v, k_cache, v_cache, meta, scale)  # reads the same three fields
+        write_kv_ref(k_cache, v_cache, k, v, meta.slot_mapping)
+        group = plan.group
+        decoded = paged_decode(q[group.token_start:group.token_end], k_cache, v_cache, plan.block_tables,
+                               plan.seq_lens, scale)
+        if meta.prefill is None:
+            return decoded
+        out = torch.empty_like(q)
+        out[group.token_start:group.token_end] = decoded
+        self._prefill(q, k, v, k_cache, v_cache, meta.prefill, scale, out)
+        return out

@@ -1,0 +1,144 @@
+/* Decode attention over the paged bf16 KV cache, read in place (no gather), on CPUs with AVX-512 BF16.
+ *
+ * One query token per sequence. q and out are [B, H, D]; the caches are [KVH, num_blocks, block_size, D]
+ * (the torch backend's layout); block_tables is [B, table_stride] int64, seq_lens [B] int64. Each work
+ * item is one (sequence, KV head): its G = H / KVH query heads read every key and value row once. Scores,
+ * softmax and the weighted sum of values are fp32; the output is rounded to bf16 once. D % 32 == 0.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_G 16
+#define MAX_D 256
+
+/* e^x for x <= 0 (softmax after subtracting the max): Cephes' polynomial, ~1 ulp in fp32. */
+static inline __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+static inline __m512 bf16x16_to_ps(const uint16_t *p) {
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+
+static inline uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static void one(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, const int64_t *table,
+                int64_t len, uint16_t *out, int64_t G, int64_t NB, int64_t BS, int64_t D, int64_t kvh,
+                float scale, float *scores /* [G, len rounded up to 16] */) {
+    const int64_t stride = (len + 15) / 16 * 16;
+    const int64_t head_base = kvh * NB * BS * D;
+    /* pass 1: scores[g, t] = scale * q_g . k_t */
+    for (int64_t t0 = 0; t0 < len; t0 += BS) {
+        const int64_t blk = table[t0 / BS];
+        const uint16_t *kb = k_cache + head_base + blk * BS * D;
+        const int64_t n = len - t0 < BS ? len - t0 : BS;
+        for (int64_t i = 0; i < n; i++) {
+            const uint16_t *kr = kb + i * D;
+            for (int64_t g = 0; g < G; g++) {
+                const uint16_t *qg = q + g * D;
+                __m512 acc = _mm512_setzero_ps();
+                for (int64_t d = 0; d < D; d += 32)
+                    acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(qg + d),
+                                           (__m512bh)_mm512_loadu_si512(kr + d));
+                scores[g * stride + t0 + i] = _mm512_reduce_add_ps(acc) * scale;
+            }
+        }
+    }
+    /* softmax per head, fp32; the padded tail of each row is zero */
+    for (int64_t g = 0; g < G; g++) {
+        float *s = scores + g * stride;
+        for (int64_t t = len; t < stride; t++) s[t] = -INFINITY;
+        __m512 m = _mm512_set1_ps(-INFINITY);
+        for (int64_t t = 0; t < stride; t += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(s + t));
+        __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(m)), sum = _mm512_setzero_ps();
+        for (int64_t t = 0; t < stride; t += 16) {
+            __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + t), mx));
+            e = _mm512_maskz_mov_ps((__mmask16)(t + 16 <= len ? 0xffff : (1u << (len - t)) - 1), e);
+            sum = _mm512_add_ps(sum, e);
+            _mm512_storeu_ps(s + t, e);
+        }
+        __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+        for (int64_t t = 0; t < stride; t += 16) _mm512_storeu_ps(s + t, _mm512_mul_ps(_mm512_loadu_ps(s + t), inv));
+    }
+    /* pass 2: out_g = sum_t p[g, t] v_t, fp32 accumulators */
+    __m512 acc[MAX_G][MAX_D / 16];
+    const int64_t dv = D / 16;
+    for (int64_t g = 0; g < G; g++)
+        for (int64_t j = 0; j < dv; j++) acc[g][j] = _mm512_setzero_ps();
+    for (int64_t t0 = 0; t0 < len; t0 += BS) {
+        const int64_t blk = table[t0 / BS];
+        const uint16_t *vb = v_cache + head_base + blk * BS * D;
+        const int64_t n = len - t0 < BS ? len - t0 : BS;
+        for (int64_t i = 0; i < n; i++) {
+            const uint16_t *vr = vb + i * D;
+            for (int64_t j = 0; j < dv; j++) {
+                __m512 v = bf16x16_to_ps(vr + j * 16);
+                for (int64_t g = 0; g < G; g++)
+                    acc[g][j] = _mm512_fmadd_ps(_mm512_set1_ps(scores[g * stride + t0 + i]), v, acc[g][j]);
+            }
+        }
+    }
+    for (int64_t g = 0; g < G; g++) {
+        float tmp[16];
+        for (int64_t j = 0; j < dv; j++) {
+            _mm512_storeu_ps(tmp, acc[g][j]);
+            for (int e = 0; e < 16; e++) out[g * D + j * 16 + e] = to_bf16(tmp[e]);
+        }
+    }
+}
+
+/* Returns 0, or -1 where the shapes are outside what this kernel takes (the caller checks first). */
+int paged_decode_bf16(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                      const int64_t *block_tables, int64_t table_stride, const int64_t *seq_lens, uint16_t *out,
+                      int64_t B, int64_t H, int64_t KVH, int64_t NB, int64_t BS, int64_t D, float scale,
+                      int threads) {
+    const int64_t G = H / KVH;
+    if (G > MAX_G || D > MAX_D || D % 32 || H % KVH) return -1;
+    int64_t max_len = 0;
+    for (int64_t b = 0; b < B; b++) max_len = seq_lens[b] > max_len ? seq_lens[b] : max_len;
+    const int64_t per_item = G * ((max_len + 15) / 16 * 16);
+    if (threads < 1) threads = 1;
+    int failed = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        float *scores = (float *)malloc(sizeof(float) * (per_item > 0 ? per_item : 1));
+        if (!scores) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t item = 0; item < B * KVH; item++) {
+            if (!scores) continue;
+            const int64_t b = item / KVH, h = item % KVH;
+            const int64_t len = seq_lens[b];
+            if (len <= 0) continue;
+            one(q + (b * H + h * G) * D, k_cache, v_cache, block_tables + b * table_stride, len,
+                out + (b * H + h * G) * D, G, NB, BS, D, h, scale, scores);
+        }
+        free(scores);
+    }
+    return failed ? -2 : 0;
+}

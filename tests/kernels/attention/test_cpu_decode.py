@@ -1,0 +1,79 @@
+"""The C paged decode kernel on its own: long sequences spread over shuffled blocks, several query-head
+group sizes and head dims, against fp64 attention of each sequence."""
+import random
+
+import pytest
+import torch
+
+from kernels.attention import cpu_decode
+
+pytestmark = pytest.mark.skipif(not cpu_decode.available(),
+                                reason="needs a CPU with AVX-512 BF16 and a C compiler")
+
+
+def make_case(lens, kvh, g, d, bs, seed=0):
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    nb = sum(-(-n // bs) for n in lens) + 3
+    free = list(range(nb))
+    rng.shuffle(free)
+    k_cache = torch.randn(kvh, nb, bs, d).to(torch.bfloat16)  # unused slots hold noise, not zeros
+    v_cache = torch.randn(kvh, nb, bs, d).to(torch.bfloat16)
+    width = max(-(-n // bs) for n in lens) + 1
+    tables = torch.full((len(lens), width), 10**6, dtype=torch.int64)  # padding past a table's end is never read
+    for b, n in enumerate(lens):
+        tables[b, :-(-n // bs)] = torch.tensor([free.pop() for _ in range(-(-n // bs))])
+    q = torch.randn(len(lens), kvh * g, d).to(torch.bfloat16)
+    return q, k_cache, v_cache, tables, torch.tensor(lens, dtype=torch.int64)
+
+
+def dense_ref(q, k_cache, v_cache, tables, lens, scale):
+    kvh, _, bs, d = k_cache.shape
+    g = q.shape[1] // kvh
+    out = []
+    for b, n in enumerate(lens.tolist()):
+        blocks = tables[b, :-(-n // bs)]
+        k = k_cache[:, blocks].reshape(kvh, -1, d)[:, :n].double()  # [KVH, n, D]
+        v = v_cache[:, blocks].reshape(kvh, -1, d)[:, :n].double()
+        qb = q[b].double().view(kvh, g, d)
+        p = (qb @ k.transpose(1, 2) * scale).softmax(-1)
+        out.append((p @ v).reshape(kvh * g, d))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("kvh,g,d,bs", [(3, 3, 64, 16), (1, 8, 128, 16), (2, 1, 32, 4), (2, 16, 256, 32)])
+def test_matches_fp64_attention(kvh, g, d, bs):
+    lens = [1, 2, 15, 16, 17, 33, 300, 129]
+    q, k_cache, v_cache, tables, seq_lens = make_case(lens, kvh, g, d, bs)
+    scale = d ** -0.5
+    out = cpu_decode.paged_decode(q, k_cache, v_cache, tables, seq_lens, scale)
+    want = dense_ref(q, k_cache, v_cache, tables, seq_lens, scale)
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    # fp32 scores and accumulation: the only sizeable error is the final rounding to bf16 (2^-8 relative)
+    torch.testing.assert_close(out.double(), want, atol=1e-2, rtol=8e-3)
+
+
+def test_peaked_scores_stay_finite_and_pick_their_key():
+    """Large logits (a query aligned with one key) must not overflow the exponent."""
+    q, k_cache, v_cache, tables, seq_lens = make_case([40], 1, 2, 64, 16)
+    pos = 37
+    blk, off = tables[0, pos // 16], pos % 16
+    q[0, 0] = (k_cache[0, blk, off].float() * 50).to(torch.bfloat16)
+    out = cpu_decode.paged_decode(q, k_cache, v_cache, tables, seq_lens, 1.0)
+    assert torch.isfinite(out.float()).all()
+    torch.testing.assert_close(out[0, 0].float(), v_cache[0, blk, off].float(), atol=1e-2, rtol=1e-2)
+
+
+def test_rejects_what_it_cannot_read():
+    q, k_cache, v_cache, tables, seq_lens = make_case([20, 5], 2, 2, 64, 16)
+    with pytest.raises(ValueError, match="longer than its block table"):
+        cpu_decode.paged_decode(q, k_cache, v_cache, tables[:, :1], seq_lens, 1.0)
+    with pytest.raises(ValueError, match="int64"):
+        cpu_decode.paged_decode(q, k_cache, v_cache, tables.int(), seq_lens, 1.0)
+
+
+def test_supports_is_the_shape_gate():
+    assert cpu_decode.supports(torch.bfloat16, 9, 3, 64)
+    assert not cpu_decode.supports(torch.float32, 9, 3, 64)
+    assert not cpu_decode.supports(torch.bfloat16, 9, 3, 48)  # D % 32
+    assert not cpu_decode.supports(torch.bfloat16, 34, 2, 64)  # 17 query heads per KV head
