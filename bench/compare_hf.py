@@ -27,10 +27,14 @@ PROMPTS = ROOT.parent / "shared" / "reference" / "bench_prompts.json"
 
 
 def hf_model(llm: LLM):
-    """A transformers Llama holding our loaded fp32 weights."""
+    """A transformers Llama holding the GGUF's weights as our fp32 loader gives them (a load of its own:
+    the engine's copy may be bf16, with its matrices prepacked)."""
     import transformers
 
-    cfg = llm.engine.executor.model.cfg
+    from runtime.model.loader import load_model
+
+    ours = load_model(llm.config.model.model, "float32", skip_tokenizer=True).model
+    cfg = ours.cfg
     hf_cfg = transformers.LlamaConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
         num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
@@ -38,7 +42,6 @@ def hf_model(llm: LLM):
         max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=cfg.tie_word_embeddings,
         bos_token_id=1, eos_token_id=2, pad_token_id=2)
     model = transformers.LlamaForCausalLM(hf_cfg).eval()
-    ours = llm.engine.executor.model
     state = {name: ours.checkpoint_tensor(name).float() for name in ours.checkpoint_layout()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and all(k == "lm_head.weight" for k in missing), (missing, unexpected)

@@ -53,7 +53,7 @@ def main() -> None:
         peak = gemm_rate(dtype)
         llm = LLM(dtype=name, max_model_len=1024, kv_cache_memory=512 << 20)
         cfg = llm.engine.executor.model.cfg
-        params = sum(p.numel() for p in llm.engine.executor.model.parameters())
+        params = llm.engine.executor.model.num_parameters()
         print(f"{name}: measured GEMM peak {peak / 1e9:.0f} GFLOP/s; model {params / 1e6:.1f} M parameters")
         for batch in (1, 16, 64):
             step = decode_step_seconds(llm, batch)

@@ -2,9 +2,10 @@
 
 A decode step multiplies a handful of rows by every weight matrix, so it is bound by reading the weights.
 oneDNN's bf16 path reads them at about 12 GB/s on this project's 2-core machines; ``skinny_bf16.c``
-streams them at about twice that (``bench/skinny_gemm.py`` measures both side by side). Past about 8 rows
+streams them at about twice that (``bench/gemm_paths.py`` measures the paths side by side). Past about 8 rows
 the product is bound by arithmetic and oneDNN's blocked GEMM is as fast or faster, so the gate sends only
-skinny products here. fp32 is left to torch: the fp32 default is the setting held exact against the
+skinny products here. Where the weights are prepacked at load (``prepacked``, the default where torch has
+oneDNN) that path serves every size and only a tied lm_head's plain table still comes here. fp32 is left to torch: the fp32 default is the setting held exact against the
 reference, and a different summation order would break that.
 """
 from __future__ import annotations

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from kernels.attention import AttentionBackend
-from kernels.gemm import linear
+from kernels.gemm import linear, prepacked
 from runtime.model.arch_config import ArchConfig
 from runtime.model.layers import GatedMLP, Linear, RMSNorm, RotaryEmbedding, apply_rotary, rope_inv_freq
 
@@ -111,6 +111,7 @@ class CausalLM(nn.Module):
         self.model = DecoderBody(cfg, self.stage)
         untied_head = self.stage.last and not cfg.tie_word_embeddings
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False) if untied_head else None
+        self._tied_head: Optional[prepacked.PackedWeight] = None  # set by prepack
         self.rotary: Optional[RotaryEmbedding] = None
 
     @property
@@ -160,6 +161,26 @@ class CausalLM(nn.Module):
             x = layer(x, rope, kv, meta, backend)
         return self.model.norm(x) if self.stage.last else x
 
+    def prepack(self) -> int:
+        """Put every linear's weight in the prepacked layout where that path takes it (bf16 on CPU); a tied
+        lm_head gets a packed copy of the embedding table, which stays plain for lookups. Returns how many
+        matrices were packed."""
+        packed = sum(m.prepack() for m in self.modules() if isinstance(m, Linear))
+        if self.lm_head is None and self.stage.last and prepacked.applies(self.model.embed_tokens.weight):
+            self._tied_head = prepacked.PackedWeight(self.model.embed_tokens.weight.detach())
+            packed += 1
+        return packed
+
+    def num_parameters(self) -> int:
+        """Weights of this stage, counting prepacked matrices (no longer nn.Parameters) and not the packed
+        copy of a tied lm_head."""
+        packed = sum(m.packed.out_features * m.packed.in_features for m in self.modules()
+                     if isinstance(m, Linear) and m.packed is not None)
+        return packed + sum(p.numel() for p in self.parameters())
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return linear(hidden, weight).float()
+        if self.lm_head is not None:
+            return self.lm_head(hidden).float()
+        if self._tied_head is not None:  # faster than the skinny kernel on the plain table even at 1 row
+            return linear(hidden, None, None, self._tied_head).float()
+        return linear(hidden, self.model.embed_tokens.weight).float()

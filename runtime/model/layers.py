@@ -8,15 +8,25 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from kernels.gemm import linear
+from kernels.gemm import linear, prepacked
 
 
 class Linear(nn.Linear):
-    """nn.Linear whose product goes through ``kernels.gemm.linear``: skinny bf16 decode products take the
-    weight-streaming CPU kernel, everything else torch."""
+    """nn.Linear whose product goes through ``kernels.gemm.linear``. After ``prepack`` a bf16 CPU weight
+    is held in oneDNN's blocked layout only (``weight`` is None)."""
+
+    packed: Optional[prepacked.PackedWeight] = None
+
+    def prepack(self) -> bool:
+        """Pack the weight where that path takes it; once, after loading."""
+        if self.weight is None or not prepacked.applies(self.weight):
+            return False
+        self.packed = prepacked.PackedWeight(self.weight.detach())
+        self.weight = None  # nothing else reads a linear's weight
+        return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.packed)
 
 
 class RMSNorm(nn.Module):

@@ -76,6 +76,7 @@ def load_model(model: Optional[str], dtype: str = "float32", max_positions: Opti
     freq_factors = load_weights(net, tensors)
     net.init_buffers(freq_factors)
     net.eval().requires_grad_(False)
+    net.prepack()
     tok = None if skip_tokenizer else load_tokenizer(tokenizer or path)
     return LoadedModel(net, cfg, tok, path)
 
