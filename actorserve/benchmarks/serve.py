@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
+from actorserve.benchmarks.sse_client import post_sse
 from actorserve.benchmarks.stats import summary_ms
 
 
@@ -43,23 +44,27 @@ def make_prompts(args) -> list[list[int]]:
             for _ in range(args.num_prompts)]
 
 
-async def one_request(client, model: str, prompt: list[int], output_len: int) -> RequestResult:
+async def one_request(url: str, headers: dict, model: str, prompt: list[int], output_len: int) -> RequestResult:
     result = RequestResult(ok=False, prompt_len=len(prompt))
+    payload = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0, "stream": True,
+               "stream_options": {"include_usage": True}, "ignore_eos": True}
     start = last = time.perf_counter()
     try:
-        stream = await client.completions.create(
-            model=model, prompt=prompt, max_tokens=output_len, temperature=0.0, stream=True,
-            stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
-        async for chunk in stream:
+        async for chunk in post_sse(url, payload, headers):
             now = time.perf_counter()
-            if chunk.choices and chunk.choices[0].text:
+            if "error" in chunk:  # an error event inside the stream
+                raise RuntimeError(f"server error: {chunk['error'].get('message', chunk['error'])}")
+            choices = chunk.get("choices")
+            if choices and choices[0].get("text"):
                 if result.ttft is None:
                     result.ttft = now - start
                 else:
                     result.itl.append(now - last)
                 last = now
-            if chunk.usage is not None:
-                result.output_tokens = chunk.usage.completion_tokens
+            if chunk.get("usage"):
+                result.output_tokens = chunk["usage"]["completion_tokens"]
+        if result.output_tokens == 0:
+            raise RuntimeError("the stream ended without a usage report")
         result.latency = time.perf_counter() - start
         result.ok = True
     except Exception as exc:  # a failed request is counted and reported, not fatal to the run
@@ -68,11 +73,10 @@ async def one_request(client, model: str, prompt: list[int], output_len: int) ->
 
 
 async def run_load(args, prompts: list[list[int]], concurrency: Optional[int]) -> dict:
-    import openai
     from tqdm import tqdm
 
-    client = openai.AsyncOpenAI(base_url=args.base_url.rstrip("/") + "/v1", api_key=args.api_key, max_retries=0,
-                                timeout=3600)
+    url = args.base_url.rstrip("/") + "/v1/completions"
+    headers = {"Authorization": f"Bearer {args.api_key}"}
     limit = asyncio.Semaphore(concurrency) if concurrency else None
     rng = random.Random(args.seed + 1)
     bar = tqdm(total=len(prompts), desc=f"bench serve (concurrency {concurrency or 'unbounded'})",
@@ -80,10 +84,10 @@ async def run_load(args, prompts: list[list[int]], concurrency: Optional[int]) -
 
     async def guarded(prompt):
         if limit is None:
-            r = await one_request(client, args.model, prompt, args.output_len)
+            r = await one_request(url, headers, args.model, prompt, args.output_len)
         else:
             async with limit:
-                r = await one_request(client, args.model, prompt, args.output_len)
+                r = await one_request(url, headers, args.model, prompt, args.output_len)
         bar.update(1)
         return r
 
@@ -96,7 +100,6 @@ async def run_load(args, prompts: list[list[int]], concurrency: Optional[int]) -
     results = await asyncio.gather(*tasks)
     duration = time.perf_counter() - start
     bar.close()
-    await client.close()
     return report(results, duration, concurrency, args.request_rate)
 
 
