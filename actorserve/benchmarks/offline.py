@@ -117,7 +117,7 @@ def _host_share(engine, args, params) -> float:
         for _ in range(min(8, args.output_len - 2)):
             engine.step()
         wall = time.perf_counter() - start
-    kernels = ("aten::", "actorserve::")  # torch's operators and our own C kernels
+    kernels = ("aten::", "mkldnn::", "actorserve::")  # torch's operators (oneDNN's too) and our own C kernels
     in_ops = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key.startswith(kernels)) / 1e6
     for rid in list(engine._groups):
         engine.abort_request(rid)

@@ -73,9 +73,14 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         raise ValueError("paged_decode: contiguous caches, and int64 block tables and lengths of one row per query")
     if b and int(seq_lens.max()) > block_tables.shape[1] * block_size:
         raise ValueError("paged_decode: a sequence is longer than its block table")
-    q = q.contiguous()
-    tables = block_tables.contiguous()
-    lens = seq_lens.contiguous()
+    return _launch(lib, q.contiguous(), k_cache, v_cache, block_tables.contiguous(), seq_lens.contiguous(), scale)
+
+
+def _launch(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
+            lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """The kernel call on inputs already checked (``paged_decode``, or once per step in ``prepare``)."""
+    kvh, num_blocks, block_size, d = k_cache.shape
+    b, h, _ = q.shape
     out = torch.empty_like(q)
     args = (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), tables.shape[1],
             lens.data_ptr(), out.data_ptr(), b, h, kvh, num_blocks, block_size, d, scale, torch.get_num_threads())
@@ -114,6 +119,9 @@ class CpuDecodeBackend(TorchRefBackend):
             nbl = -(-g.max_seq_len // self.block_size)
             decode = KernelDecodePlan(g, g.block_tables[:, :nbl].to(torch.int64).contiguous(),
                                       g.seq_lens.to(torch.int64).contiguous())
+            if _library.get() is None or g.max_query_len != 1 or g.max_seq_len > nbl * self.block_size:
+                raise ValueError("CpuDecodeBackend: one query per decoding sequence, within its block table, "
+                                 "on a machine where the kernel is available")
         return CpuDecodeMetadata(meta.slot_mapping, decode, self._plan(meta.prefill))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
@@ -123,8 +131,9 @@ class CpuDecodeBackend(TorchRefBackend):
             return super().forward(q, k, v, k_cache, v_cache, meta, scale)  # reads the same three fields
         write_kv_ref(k_cache, v_cache, k, v, meta.slot_mapping)
         group = plan.group
-        decoded = paged_decode(q[group.token_start:group.token_end], k_cache, v_cache, plan.block_tables,
-                               plan.seq_lens, scale)
+        # the tables and lengths were checked once for the step, in prepare; the caches are the runner's own
+        decoded = _launch(_library.get(), q[group.token_start:group.token_end].contiguous(), k_cache, v_cache,
+                          plan.block_tables, plan.seq_lens, scale)
         if meta.prefill is None:
             return decoded
         out = torch.empty_like(q)

@@ -18,7 +18,6 @@ from typing import Optional
 
 import torch
 
-PROFILE_NAME = "actorserve::prepacked_linear_bf16"
 # oneDNN picks the blocked layout for an expected row count. Measured on the model's shapes, a hint of 1,
 # 32 or 256 serves 1 to 256 rows alike; no hint made 1-row products 40% slower.
 BATCH_HINT = 32
@@ -54,9 +53,5 @@ def packed_linear(x: torch.Tensor, packed: PackedWeight, bias: Optional[torch.Te
     rows = x.reshape(-1, packed.in_features)
     if not rows.is_contiguous():
         rows = rows.contiguous()
-    if torch.autograd._profiler_enabled():
-        with torch.profiler.record_function(PROFILE_NAME):
-            out = torch.ops.mkldnn._linear_pointwise(rows, packed.tensor, bias, "none", [], "")
-    else:
-        out = torch.ops.mkldnn._linear_pointwise(rows, packed.tensor, bias, "none", [], "")
+    out = torch.ops.mkldnn._linear_pointwise(rows, packed.tensor, bias, "none", [], "")  # profiled as mkldnn::
     return out.view(*x.shape[:-1], packed.out_features)
