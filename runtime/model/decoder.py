@@ -57,8 +57,9 @@ class DecoderLayer(nn.Module):
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, x, rope, kv_cache, meta, backend):
-        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta, backend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x, normed = self.post_attention_layernorm.add_forward(
+            x, self.self_attn(self.input_layernorm(x), rope, kv_cache, meta, backend))
+        return x + self.mlp(normed)
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ from typing import Any, Optional
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
+from kernels.elementwise import add_rms_norm, rms_norm, silu_mul
 from kernels.gemm import linear, prepacked
 
 
@@ -36,10 +36,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # transformers' order: normalise in fp32, cast back, then scale by the weight in the model dtype.
-        if x.dtype == torch.float32:
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)  # transformers' numerics (kernels.elementwise.rms_norm_ref)
+
+    def add_forward(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual x + delta, and its normalisation, in one pass where the fused kernel runs."""
+        return add_rms_norm(x, delta, self.weight, self.eps)
 
 
 class GatedMLP(nn.Module):
@@ -49,8 +50,7 @@ class GatedMLP(nn.Module):
         self.down_proj = Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(nn.functional.silu(gate) * up)
+        return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: Optional[dict[str, Any]],

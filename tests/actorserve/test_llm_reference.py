@@ -38,9 +38,10 @@ def test_string_prompts_keep_input_order(smollm):
 
 
 def test_bfloat16_follows_the_fp32_reference_until_rounding_tips_a_near_tie(greedy_reference):
-    """bf16 (where the skinny bf16 GEMM takes every decode product) cannot be exact against fp32, but a
-    broken product shows at once: the first 8 greedy tokens of every prompt agree, and one prompt's
-    continuation is the same alone as in the batch."""
+    """bf16 (prepacked oneDNN products, the C decode attention and fused norms) cannot be exact against
+    fp32, but a broken kernel shows at once: the first 8 greedy tokens of every prompt agree with the fp32
+    reference, in the batch and alone. Past those, bf16 is not batch-invariant (oneDNN blocks a product
+    of 1 row differently from one of 3, as vLLM's kernels do by default), so near-ties may tip either way."""
     from actorserve import LLM
 
     llm = LLM(dtype="bfloat16", kv_cache_memory=128 << 20, max_model_len=2048)
@@ -48,5 +49,6 @@ def test_bfloat16_follows_the_fp32_reference_until_rounding_tips_a_near_tie(gree
     batch = llm.generate([{"prompt_token_ids": r["prompt_ids"]} for r in refs], GREEDY, use_tqdm=False)
     for out, ref in zip(batch, refs):
         assert out.outputs[0].token_ids[:8] == ref["output_ids"][:8], ref["user_prompt"]
-    alone = llm.generate({"prompt_token_ids": refs[-1]["prompt_ids"]}, GREEDY, use_tqdm=False)[0]
-    assert alone.outputs[0].token_ids[:32] == batch[-1].outputs[0].token_ids[:32]
+    for ref in refs:
+        alone = llm.generate({"prompt_token_ids": ref["prompt_ids"]}, GREEDY, use_tqdm=False)[0]
+        assert alone.outputs[0].token_ids[:8] == ref["output_ids"][:8], ref["user_prompt"]

@@ -1,0 +1,46 @@
+"""The row operations of a decoder layer (RMSNorm, residual add + RMSNorm, SiLU-and-multiply): a fused C
+path for bf16 on CPUs with AVX-512 BF16 (``cpu_bf16``), and torch references, which are also the path
+for every other dtype and device (fp32 stays on them: it is held exact against the reference model)."""
+from __future__ import annotations
+
+
+import torch
+from torch.nn import functional as F
+
+from kernels.elementwise import cpu_bf16
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' order: normalise in fp32, cast back, then scale by the weight in the model dtype."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)
+    return weight * F.rms_norm(x.float(), weight.shape, eps=eps).to(x.dtype)
+
+
+def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if cpu_bf16.applies(x, weight):
+        return cpu_bf16.rms_norm(x, weight, eps)
+    return rms_norm_ref(x, weight, eps)
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + delta, rms_norm(x + delta)): the residual stream and the next sublayer's input."""
+    if cpu_bf16.applies(x, weight, delta):
+        return cpu_bf16.add_rms_norm(x, delta, weight, eps)
+    h = x + delta
+    return h, rms_norm_ref(h, weight, eps)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    if cpu_bf16.applies(gate_up):
+        return cpu_bf16.silu_mul(gate_up)
+    return silu_mul_ref(gate_up)
+
+
+__all__ = ["add_rms_norm", "rms_norm", "rms_norm_ref", "silu_mul", "silu_mul_ref"]

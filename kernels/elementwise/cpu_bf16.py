@@ -1,0 +1,91 @@
+"""ctypes front of ``fused_bf16.c``: bf16 RMSNorm, residual add + RMSNorm, and SiLU-and-multiply, one C
+call each where torch takes four to six operators. At decode batch sizes those dispatches, not the
+arithmetic, are the cost (about 60 norms and 30 activations a step for a 30-layer model)."""
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from kernels.gemm.skinny import cpu_has_avx512_bf16
+from kernels.native import load
+from kernels.profiling import call
+
+SOURCE = Path(__file__).with_name("fused_bf16.c")
+FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp"]
+
+
+class _Library:
+    def __init__(self) -> None:
+        self._lib: Optional[ctypes.CDLL] = None
+        self._tried = False
+
+    def get(self) -> Optional[ctypes.CDLL]:
+        if not self._tried:
+            self._tried = True
+            if os.environ.get("ACTORSERVE_CPU_KERNELS", "1") != "0" and cpu_has_avx512_bf16():
+                lib = load(SOURCE, FLAGS)
+                if lib is not None:
+                    lib.rms_norm_bf16.restype = None
+                    lib.rms_norm_bf16.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 2 + [ctypes.c_float,
+                                                                                                 ctypes.c_int]
+                    lib.silu_mul_bf16.restype = None
+                    lib.silu_mul_bf16.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int]
+                self._lib = lib
+        return self._lib
+
+
+_library = _Library()
+
+
+def available() -> bool:
+    return _library.get() is not None
+
+
+def applies(x: torch.Tensor, *others: torch.Tensor) -> bool:
+    """bf16 CPU tensors, x of at least one dimension, no autograd; the gate of this path alone."""
+    tensors = (x, *others)
+    return (all(t.dtype == torch.bfloat16 and t.device.type == "cpu" for t in tensors) and x.dim() >= 1
+            and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)) and available())
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1, x.shape[-1]).contiguous()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    n = x.shape[-1]
+    if weight.shape != (n,):
+        raise ValueError(f"rms_norm: weight of shape ({n},), got {tuple(weight.shape)}")
+    rows, w = _rows(x), weight.contiguous()
+    out = torch.empty_like(rows)
+    call("actorserve::rms_norm_bf16", _library.get().rms_norm_bf16, rows.data_ptr(), None, None, w.data_ptr(),
+         out.data_ptr(), rows.shape[0], n, eps, torch.get_num_threads())
+    return out.view(x.shape)
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    n = x.shape[-1]
+    if weight.shape != (n,) or delta.shape != x.shape:
+        raise ValueError(f"add_rms_norm: x and delta of one shape, weight ({n},); got {tuple(x.shape)}, "
+                         f"{tuple(delta.shape)}, {tuple(weight.shape)}")
+    rows, d, w = _rows(x), _rows(delta), weight.contiguous()
+    h, out = torch.empty_like(rows), torch.empty_like(rows)
+    call("actorserve::add_rms_norm_bf16", _library.get().rms_norm_bf16, rows.data_ptr(), d.data_ptr(),
+         h.data_ptr(), w.data_ptr(), out.data_ptr(), rows.shape[0], n, eps, torch.get_num_threads())
+    return h.view(x.shape), out.view(x.shape)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    if gate_up.shape[-1] % 2:
+        raise ValueError(f"silu_mul: an even last dimension (gate then up), got {gate_up.shape[-1]}")
+    rows = _rows(gate_up)
+    n = rows.shape[1] // 2
+    out = torch.empty(rows.shape[0], n, dtype=torch.bfloat16)
+    call("actorserve::silu_mul_bf16", _library.get().silu_mul_bf16, rows.data_ptr(), out.data_ptr(),
+         rows.shape[0], n, torch.get_num_threads())
+    return out.view(*gate_up.shape[:-1], n)

@@ -1,0 +1,101 @@
+/* Fused bf16 row operations of a decoder layer, each one pass over its rows instead of four to six torch
+ * operators (and as many dispatches, which dominate at decode batch sizes). Every intermediate is rounded
+ * to bf16 where torch's bf16 sequence rounds it, so results match that sequence up to the last bit of exp
+ * and of the order of a row's sum of squares:
+ *   rms_norm:     y = bf16(w * bf16(x * rsqrt(mean(x^2) + eps)))       (x, mean, rsqrt in fp32)
+ *   add_rms_norm: h = bf16(x + d); y = rms_norm(h)                      (h is written back too)
+ *   silu_mul:     y = bf16(bf16(silu(g)) * u) for gate_up rows [g | u]
+ * Needs AVX-512 BF16 (vcvtneps2bf16); the caller checks the CPU.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+
+#define PAR_MIN_ELEMS 65536 /* below this one thread does the rows: a parallel region costs more */
+
+static inline __m512 load_bf16(const uint16_t *p, __mmask16 m) {
+    __m256i h = _mm256_maskz_loadu_epi16(m, p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+static inline void store_bf16(uint16_t *p, __m512 v, __mmask16 m) {
+    _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(v));
+}
+
+static inline __m512 round_bf16(__m512 v) { /* to bf16 and back: the value torch would hold */
+    __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+static inline __mmask16 tail_mask(int64_t n, int64_t i) { return n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1); }
+
+static void norm_row(const uint16_t *x, const uint16_t *d, uint16_t *h, const uint16_t *w, uint16_t *y,
+                     int64_t n, float eps) {
+    __m512 ss = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n, i);
+        __m512 v = load_bf16(x + i, m);
+        if (d) {
+            v = round_bf16(_mm512_add_ps(v, load_bf16(d + i, m)));
+            store_bf16(h + i, v, m);
+        }
+        ss = _mm512_fmadd_ps(v, v, ss);
+    }
+    const __m512 r = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(ss) / (float)n + eps));
+    const uint16_t *src = d ? h : x;
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n, i);
+        __m512 v = round_bf16(_mm512_mul_ps(load_bf16(src + i, m), r));
+        store_bf16(y + i, _mm512_mul_ps(v, load_bf16(w + i, m)), m);
+    }
+}
+
+/* x, y [rows, n]; d and h (both or neither) [rows, n]: h = x + d, normalised into y. */
+void rms_norm_bf16(const uint16_t *x, const uint16_t *d, uint16_t *h, const uint16_t *w, uint16_t *y,
+                   int64_t rows, int64_t n, float eps, int threads) {
+    if (rows * n < PAR_MIN_ELEMS || threads < 2) {
+        for (int64_t r = 0; r < rows; r++)
+            norm_row(x + r * n, d ? d + r * n : 0, d ? h + r * n : 0, w, y + r * n, n, eps);
+        return;
+    }
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < rows; r++)
+        norm_row(x + r * n, d ? d + r * n : 0, d ? h + r * n : 0, w, y + r * n, n, eps);
+}
+
+/* e^x in fp32 (Cephes' polynomial, about 1 ulp); overflows to inf as expf does, so silu(-100) is -0. */
+static inline __m512 exp512(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(127.0f));
+    __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, k);
+}
+
+static void silu_mul_row(const uint16_t *gu, uint16_t *y, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n, i);
+        __m512 g = load_bf16(gu + i, m), u = load_bf16(gu + n + i, m);
+        __m512 s = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+        store_bf16(y + i, _mm512_mul_ps(round_bf16(s), u), m);
+    }
+}
+
+/* gu [rows, 2n] (gate then up), y [rows, n]. */
+void silu_mul_bf16(const uint16_t *gu, uint16_t *y, int64_t rows, int64_t n, int threads) {
+    if (rows * n < PAR_MIN_ELEMS || threads < 2) {
+        for (int64_t r = 0; r < rows; r++) silu_mul_row(gu + r * 2 * n, y + r * n, n);
+        return;
+    }
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < rows; r++) silu_mul_row(gu + r * 2 * n, y + r * n, n);
+}

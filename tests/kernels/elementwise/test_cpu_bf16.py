@@ -1,0 +1,54 @@
+"""The fused bf16 row kernels against torch's bf16 sequences (the references), which they match bit for
+bit on these inputs; row by row, so a row's result does not depend on the batch around it."""
+import pytest
+import torch
+
+from kernels.elementwise import add_rms_norm, cpu_bf16, rms_norm, rms_norm_ref, silu_mul, silu_mul_ref
+
+pytestmark = pytest.mark.skipif(not cpu_bf16.available(), reason="needs a CPU with AVX-512 BF16 and a C compiler")
+
+SHAPES = [(1, 576), (3, 100), (7, 17), (300, 576), (2048, 64)]  # tails of the 16-lane loops; both thread paths
+
+
+def inputs(rows, n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(rows, n, generator=g) * 3).bfloat16()
+    d = torch.randn(rows, n, generator=g).bfloat16()
+    w = (torch.rand(n, generator=g) + 0.5).bfloat16()
+    return x, d, w
+
+
+@pytest.mark.parametrize("rows,n", SHAPES)
+def test_rms_norm_matches_torch(rows, n):
+    x, d, w = inputs(rows, n)
+    assert torch.equal(cpu_bf16.rms_norm(x, w, 1e-5), rms_norm_ref(x, w, 1e-5))
+    h, y = cpu_bf16.add_rms_norm(x, d, w, 1e-6)
+    assert torch.equal(h, x + d)
+    assert torch.equal(y, rms_norm_ref(x + d, w, 1e-6))
+
+
+@pytest.mark.parametrize("rows,n", SHAPES)
+def test_silu_mul_matches_torch(rows, n):
+    gu = (torch.randn(rows, 2 * n, generator=torch.Generator().manual_seed(1)) * 4).bfloat16()
+    gu[0, :3] = torch.tensor([-100.0, 100.0, 0.0])  # exp's clamps
+    assert torch.equal(cpu_bf16.silu_mul(gu), silu_mul_ref(gu))
+
+
+def test_a_row_is_the_same_alone_as_in_a_batch():
+    x, d, w = inputs(400, 576, seed=2)
+    assert torch.equal(cpu_bf16.add_rms_norm(x, d, w, 1e-5)[1][-1:], cpu_bf16.add_rms_norm(x[-1:], d[-1:], w, 1e-5)[1])
+
+
+def test_leading_dims_dispatch_and_errors():
+    x, d, w = inputs(6, 64)
+    x3 = x.view(2, 3, 64)
+    assert torch.equal(rms_norm(x3, w, 1e-5), rms_norm_ref(x3, w, 1e-5))
+    assert torch.equal(silu_mul(x3), silu_mul_ref(x3))
+    xf, wf = x.float(), w.float()  # fp32 takes the torch path
+    assert torch.equal(rms_norm(xf, wf, 1e-5), rms_norm_ref(xf, wf, 1e-5))
+    h, y = add_rms_norm(xf, d.float(), wf, 1e-5)
+    assert torch.equal(y, rms_norm_ref(xf + d.float(), wf, 1e-5))
+    with pytest.raises(ValueError, match="weight of shape"):
+        cpu_bf16.rms_norm(x, w[:10], 1e-5)
+    with pytest.raises(ValueError, match="even last dimension"):
+        cpu_bf16.silu_mul(x[:, :5])
