@@ -20,6 +20,7 @@ from kernels.attention.interface import AttentionMetadata, SequenceGroup
 from kernels.attention.torch_ref import GroupPlan, TorchRefBackend, write_kv_ref
 from kernels.gemm.skinny import cpu_has_avx512_bf16
 from kernels.native import load
+from kernels.profiling import call
 
 SOURCE = Path(__file__).with_name("cpu_decode_bf16.c")
 FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp"]
@@ -42,6 +43,10 @@ class _Library:
                     fn.restype = ctypes.c_int
                     fn.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_int64] + [ctypes.c_void_p] * 2
                                    + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int])
+                    w = lib.write_kv_bf16
+                    w.restype = ctypes.c_int
+                    w.argtypes = ([ctypes.c_void_p, ctypes.c_int64] * 2 + [ctypes.c_void_p] + [ctypes.c_int64] * 3
+                                  + [ctypes.c_void_p] * 2 + [ctypes.c_int64])
                 self._lib = lib
         return self._lib
 
@@ -94,6 +99,27 @@ def _launch(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     return out
 
 
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """``write_kv_ref`` in one C call for bf16 rows whose heads are contiguous (rows may be strided, as
+    k and v inside a fused qkv output); anything else goes to the torch reference."""
+    lib = _library.get()
+    kvh, _, _, d = k_cache.shape
+    if (lib is None or k.dtype != torch.bfloat16 or v.dtype != torch.bfloat16 or k_cache.dtype != torch.bfloat16
+            or v_cache.dtype != torch.bfloat16 or not (k_cache.is_contiguous() and v_cache.is_contiguous())
+            or k.shape != v.shape or k.dim() != 3 or k.shape[1:] != (kvh, d)
+            or any(t.stride(2) != 1 or t.stride(1) != d for t in (k, v))
+            or slot_mapping.dtype != torch.int64 or not slot_mapping.is_contiguous()
+            or slot_mapping.shape != (k.shape[0],)):
+        write_kv_ref(k_cache, v_cache, k, v, slot_mapping)
+        return
+    rc = call("actorserve::write_kv_bf16", lib.write_kv_bf16, k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
+              slot_mapping.data_ptr(), k.shape[0], kvh, d, k_cache.data_ptr(), v_cache.data_ptr(),
+              k_cache.shape[1] * k_cache.shape[2])
+    if rc != 0:
+        raise IndexError("write_kv: a slot is outside the KV cache")
+
+
 @dataclass
 class KernelDecodePlan:
     group: SequenceGroup
@@ -129,7 +155,7 @@ class CpuDecodeBackend(TorchRefBackend):
         plan = meta.decode
         if plan is None:
             return super().forward(q, k, v, k_cache, v_cache, meta, scale)  # reads the same three fields
-        write_kv_ref(k_cache, v_cache, k, v, meta.slot_mapping)
+        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         group = plan.group
         # the tables and lengths were checked once for the step, in prepare; the caches are the runner's own
         decoded = _launch(_library.get(), q[group.token_start:group.token_end].contiguous(), k_cache, v_cache,

@@ -142,3 +142,20 @@ int paged_decode_bf16(const uint16_t *q, const uint16_t *k_cache, const uint16_t
     }
     return failed ? -2 : 0;
 }
+
+/* Store the step's new K and V rows [T, KVH, D] (rows strided, heads contiguous: columns of a fused qkv
+ * output) at their slots of the caches [KVH, slots_per_head, D]. Every slot is checked before anything is
+ * written; returns -1 (nothing written) where one is out of range. */
+int write_kv_bf16(const uint16_t *k, int64_t k_row_stride, const uint16_t *v, int64_t v_row_stride,
+                  const int64_t *slots, int64_t T, int64_t KVH, int64_t D, uint16_t *k_cache, uint16_t *v_cache,
+                  int64_t slots_per_head) {
+    for (int64_t t = 0; t < T; t++)
+        if (slots[t] < 0 || slots[t] >= slots_per_head) return -1;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < KVH; h++) {
+            const int64_t at = (h * slots_per_head + slots[t]) * D;
+            memcpy(k_cache + at, k + t * k_row_stride + h * D, (size_t)D * 2);
+            memcpy(v_cache + at, v + t * v_row_stride + h * D, (size_t)D * 2);
+        }
+    return 0;
+}

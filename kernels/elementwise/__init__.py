@@ -1,4 +1,4 @@
-"""The row operations of a decoder layer (RMSNorm, residual add + RMSNorm, SiLU-and-multiply): a fused C
+"""The row operations of a decoder layer (RMSNorm, residual add + RMSNorm, SiLU-and-multiply, rotary): a C
 path for bf16 on CPUs with AVX-512 BF16 (``cpu_bf16``), and torch references, which are also the path
 for every other dtype and device (fp32 stays on them: it is held exact against the reference model)."""
 from __future__ import annotations
@@ -22,6 +22,19 @@ def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def rotary_ref(x: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Rotate-half rotary embedding of x [T, heads, D] by the step's (cos, signed sin) [T, 1, D]:
+    rotate_half(x) * sin equals roll(x, D/2) * sin with sin's first half negated."""
+    cos, sin_signed = table
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_signed
+
+
+def rotary(x: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    if cpu_bf16.rotary_applies(x, *table):
+        return cpu_bf16.rotary(x, *table)
+    return rotary_ref(x, table)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if cpu_bf16.applies(x, weight):
         return cpu_bf16.rms_norm(x, weight, eps)
@@ -43,4 +56,4 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return silu_mul_ref(gate_up)
 
 
-__all__ = ["add_rms_norm", "rms_norm", "rms_norm_ref", "silu_mul", "silu_mul_ref"]
+__all__ = ["add_rms_norm", "rms_norm", "rms_norm_ref", "rotary", "rotary_ref", "silu_mul", "silu_mul_ref"]

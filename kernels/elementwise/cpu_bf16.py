@@ -32,6 +32,9 @@ class _Library:
                     lib.rms_norm_bf16.restype = None
                     lib.rms_norm_bf16.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 2 + [ctypes.c_float,
                                                                                                  ctypes.c_int]
+                    lib.rotary_bf16.restype = None
+                    lib.rotary_bf16.argtypes = ([ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3
+                                                + [ctypes.c_int64] * 3 + [ctypes.c_int])
                     lib.silu_mul_bf16.restype = None
                     lib.silu_mul_bf16.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int]
                 self._lib = lib
@@ -89,3 +92,19 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     call("actorserve::silu_mul_bf16", _library.get().silu_mul_bf16, rows.data_ptr(), out.data_ptr(),
          rows.shape[0], n, torch.get_num_threads())
     return out.view(*gate_up.shape[:-1], n)
+
+
+def rotary_applies(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> bool:
+    """x [T, heads, D] with contiguous heads (rows may be strided, as q and k inside a fused qkv output);
+    the tables [T, 1, D] contiguous; D even."""
+    return (applies(x, cos, sin_signed) and x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
+            and x.shape[2] % 2 == 0 and cos.shape == sin_signed.shape == (x.shape[0], 1, x.shape[2])
+            and cos.is_contiguous() and sin_signed.is_contiguous())
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    t, heads, d = x.shape
+    out = torch.empty(t, heads, d, dtype=torch.bfloat16)
+    call("actorserve::rotary_bf16", _library.get().rotary_bf16, x.data_ptr(), x.stride(0), cos.data_ptr(),
+         sin_signed.data_ptr(), out.data_ptr(), t, heads, d, torch.get_num_threads())
+    return out

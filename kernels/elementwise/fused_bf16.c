@@ -11,6 +11,7 @@
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
+#include <string.h>
 
 #define PAR_MIN_ELEMS 65536 /* below this one thread does the rows: a parallel region costs more */
 
@@ -98,4 +99,40 @@ void silu_mul_bf16(const uint16_t *gu, uint16_t *y, int64_t rows, int64_t n, int
     }
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t r = 0; r < rows; r++) silu_mul_row(gu + r * 2 * n, y + r * n, n);
+}
+
+/* Rotate-half rotary embedding of rows [T, heads, D] read with a row stride (the q and k columns of a
+ * fused qkv output), into out [T, heads, D] contiguous; cos and sin_signed are [T, D] (sin's first half
+ * negated): out = bf16(bf16(x * cos) + bf16(roll(x, D/2) * sin_signed)), torch's rounding sequence. */
+void rotary_bf16(const uint16_t *x, int64_t row_stride, const uint16_t *cos, const uint16_t *sin, uint16_t *out,
+                 int64_t T, int64_t heads, int64_t D, int threads) {
+    const int64_t half = D / 2;
+#pragma omp parallel for num_threads(T * heads * D >= PAR_MIN_ELEMS && threads > 1 ? threads : 1) schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+        const uint16_t *c = cos + t * D, *s = sin + t * D;
+        for (int64_t h = 0; h < heads; h++) {
+            const uint16_t *xr = x + t * row_stride + h * D;
+            uint16_t *o = out + (t * heads + h) * D;
+            for (int64_t i = 0; i < D; i += 16) {
+                __mmask16 m = tail_mask(D, i);
+                /* roll(x, D/2)[i] = x[(i + D/2) mod D]: the other half, read in two pieces where a vector
+                 * straddles the middle (only when half is not a multiple of 16) */
+                __m512 rolled;
+                if (i + 16 <= half || i >= half) {
+                    rolled = load_bf16(xr + (i < half ? i + half : i - half), m);
+                } else {
+                    float tmp[16];
+                    for (int e = 0; e < 16 && i + e < D; e++) {
+                        int64_t j = (i + e + half) % D;
+                        uint32_t u = (uint32_t)xr[j] << 16;
+                        memcpy(&tmp[e], &u, 4);
+                    }
+                    rolled = _mm512_maskz_loadu_ps(m, tmp);
+                }
+                __m512 a = round_bf16(_mm512_mul_ps(load_bf16(xr + i, m), load_bf16(c + i, m)));
+                __m512 b = round_bf16(_mm512_mul_ps(rolled, load_bf16(s + i, m)));
+                store_bf16(o + i, _mm512_add_ps(a, b), m);
+            }
+        }
+    }
 }

@@ -2,8 +2,8 @@
 
 A bf16 CPU weight is normally prepacked at load (oneDNN's blocked layout, ``prepacked``), which serves
 every batch size; the skinny kernel serves plain bf16 weights of few-row products where packing is not
-available. Measured side by side at 1 to 4 rows, holding both layouts bought under 5% (within the
-machine's noise) for twice the weight memory, so a matrix is held in one layout only.
+available. Measured side by side at 1 to 4 rows, holding both layouts bought at most about 7% (within
+the machine's noise) for twice the weight memory, so a matrix is held in one layout only.
 """
 from __future__ import annotations
 

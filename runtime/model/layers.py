@@ -7,7 +7,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from kernels.elementwise import add_rms_norm, rms_norm, silu_mul
+from kernels.elementwise import add_rms_norm, rms_norm, rotary, silu_mul
 from kernels.gemm import linear, prepacked
 
 
@@ -103,6 +103,5 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rotary(x: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """x [T, heads, D] rotated by the step's table."""
-    cos, sin_signed = table
-    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_signed
+    """x [T, heads, D] rotated by the step's table (``kernels.elementwise.rotary_ref`` gives the numerics)."""
+    return rotary(x, table)

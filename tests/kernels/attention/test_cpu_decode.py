@@ -77,3 +77,21 @@ def test_supports_is_the_shape_gate():
     assert not cpu_decode.supports(torch.float32, 9, 3, 64)
     assert not cpu_decode.supports(torch.bfloat16, 9, 3, 48)  # D % 32
     assert not cpu_decode.supports(torch.bfloat16, 34, 2, 64)  # 17 query heads per KV head
+
+
+def test_write_kv_stores_strided_rows_at_their_slots():
+    from kernels.attention.torch_ref import write_kv_ref
+
+    kvh, nb, bs, d, t = 3, 10, 16, 64, 7
+    qkv = torch.randn(t, 15 * d).bfloat16()  # k and v as the backend gets them: columns of a fused output
+    k, v = qkv[:, 9 * d:12 * d].view(t, kvh, d), qkv[:, 12 * d:].view(t, kvh, d)
+    slots = torch.randperm(nb * bs)[:t]
+    ours = [torch.zeros(kvh, nb, bs, d).bfloat16() for _ in range(2)]
+    ref = [c.clone() for c in ours]
+    cpu_decode.write_kv(*ours, k, v, slots)
+    write_kv_ref(*ref, k, v, slots)
+    assert torch.equal(ours[0], ref[0]) and torch.equal(ours[1], ref[1])
+    before = [c.clone() for c in ours]
+    with pytest.raises(IndexError, match="outside the KV cache"):
+        cpu_decode.write_kv(*ours, k, v, torch.cat([slots[:-1], torch.tensor([nb * bs])]))
+    assert torch.equal(ours[0], before[0]) and torch.equal(ours[1], before[1])  # nothing half-written

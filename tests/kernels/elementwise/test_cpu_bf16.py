@@ -3,7 +3,8 @@ bit on these inputs; row by row, so a row's result does not depend on the batch 
 import pytest
 import torch
 
-from kernels.elementwise import add_rms_norm, cpu_bf16, rms_norm, rms_norm_ref, silu_mul, silu_mul_ref
+from kernels.elementwise import (add_rms_norm, cpu_bf16, rms_norm, rms_norm_ref, rotary, rotary_ref, silu_mul,
+                                 silu_mul_ref)
 
 pytestmark = pytest.mark.skipif(not cpu_bf16.available(), reason="needs a CPU with AVX-512 BF16 and a C compiler")
 
@@ -52,3 +53,17 @@ def test_leading_dims_dispatch_and_errors():
         cpu_bf16.rms_norm(x, w[:10], 1e-5)
     with pytest.raises(ValueError, match="even last dimension"):
         cpu_bf16.silu_mul(x[:, :5])
+
+
+@pytest.mark.parametrize("t,heads,d", [(1, 12, 64), (5, 4, 48), (300, 12, 64), (3, 2, 40), (2, 2, 128)])
+def test_rotary_matches_torch_on_strided_rows(t, heads, d):
+    """q and k are read where they lie in the fused qkv output; D/2 not a multiple of 16 (48, 40) takes
+    the path where a vector straddles the middle."""
+    g = torch.Generator().manual_seed(t)
+    qkv = torch.randn(t, (heads + 3) * d, generator=g).bfloat16()
+    x = qkv[:, :heads * d].view(t, heads, d)
+    table = (torch.randn(t, 1, d, generator=g).bfloat16(), torch.randn(t, 1, d, generator=g).bfloat16())
+    assert cpu_bf16.rotary_applies(x, *table)
+    assert torch.equal(rotary(x, table), rotary_ref(x, table))
+    assert torch.equal(rotary(x.float(), tuple(c.float() for c in table)),
+                       rotary_ref(x.float(), tuple(c.float() for c in table)))  # fp32: the torch path
