@@ -12,11 +12,12 @@ import ctypes
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 log = logging.getLogger("actorserve")
 
@@ -68,3 +69,42 @@ def load(source: Path, flags: list[str]) -> Optional[ctypes.CDLL]:
     except OSError as e:
         log.warning("loading %s failed (%s); the torch path is used", target, e)
         return None
+
+
+AVX512_BF16_FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp"]
+
+
+def cpu_has_avx512_bf16() -> bool:
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return False
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return "avx512_bf16" in line.split()
+    except OSError:
+        pass
+    return False
+
+
+class CpuKernelLibrary:
+    """One AVX-512 BF16 C source, built and loaded at most once per process, with its functions' ctypes
+    signatures declared; None where ``ACTORSERVE_CPU_KERNELS=0``, the CPU lacks AVX-512 BF16, or the build
+    fails."""
+
+    def __init__(self, source: Path, signatures: dict[str, tuple[Any, list[Any]]]) -> None:
+        self.source, self.signatures = source, signatures
+        self._lib: Optional[ctypes.CDLL] = None
+        self._tried = False
+
+    def get(self) -> Optional[ctypes.CDLL]:
+        if not self._tried:
+            self._tried = True
+            if os.environ.get("ACTORSERVE_CPU_KERNELS", "1") != "0" and cpu_has_avx512_bf16():
+                lib = load(self.source, AVX512_BF16_FLAGS)
+                if lib is not None:
+                    for name, (restype, argtypes) in self.signatures.items():
+                        fn = getattr(lib, name)
+                        fn.restype, fn.argtypes = restype, argtypes
+                self._lib = lib
+        return self._lib

@@ -9,7 +9,6 @@ the torch backend with its decode group handed to the kernel; prefill chunks sta
 from __future__ import annotations
 
 import ctypes
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -18,40 +17,20 @@ import torch
 
 from kernels.attention.interface import AttentionMetadata, SequenceGroup
 from kernels.attention.torch_ref import GroupPlan, TorchRefBackend, write_kv_ref
-from kernels.gemm.skinny import cpu_has_avx512_bf16
-from kernels.native import load
+from kernels.native import CpuKernelLibrary
 from kernels.profiling import call
 
 SOURCE = Path(__file__).with_name("cpu_decode_bf16.c")
-FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp"]
 PROFILE_NAME = "actorserve::paged_decode_bf16"
 MAX_GROUP, MAX_HEAD_DIM = 16, 256  # as in the C source
 
 
-class _Library:
-    def __init__(self) -> None:
-        self._lib: Optional[ctypes.CDLL] = None
-        self._tried = False
-
-    def get(self) -> Optional[ctypes.CDLL]:
-        if not self._tried:
-            self._tried = True
-            if os.environ.get("ACTORSERVE_CPU_KERNELS", "1") != "0" and cpu_has_avx512_bf16():
-                lib = load(SOURCE, FLAGS)
-                if lib is not None:
-                    fn = lib.paged_decode_bf16
-                    fn.restype = ctypes.c_int
-                    fn.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_int64] + [ctypes.c_void_p] * 2
-                                   + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int])
-                    w = lib.write_kv_bf16
-                    w.restype = ctypes.c_int
-                    w.argtypes = ([ctypes.c_void_p, ctypes.c_int64] * 2 + [ctypes.c_void_p] + [ctypes.c_int64] * 3
-                                  + [ctypes.c_void_p] * 2 + [ctypes.c_int64])
-                self._lib = lib
-        return self._lib
-
-
-_library = _Library()
+_library = CpuKernelLibrary(SOURCE, {
+    "paged_decode_bf16": (ctypes.c_int, [ctypes.c_void_p] * 4 + [ctypes.c_int64] + [ctypes.c_void_p] * 2
+                          + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int]),
+    "write_kv_bf16": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int64] * 2 + [ctypes.c_void_p] + [ctypes.c_int64] * 3
+                      + [ctypes.c_void_p] * 2 + [ctypes.c_int64]),
+})
 
 
 def available() -> bool:
@@ -89,11 +68,7 @@ def _launch(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     out = torch.empty_like(q)
     args = (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), tables.shape[1],
             lens.data_ptr(), out.data_ptr(), b, h, kvh, num_blocks, block_size, d, scale, torch.get_num_threads())
-    if torch.autograd._profiler_enabled():
-        with torch.profiler.record_function(PROFILE_NAME):
-            rc = lib.paged_decode_bf16(*args)
-    else:
-        rc = lib.paged_decode_bf16(*args)
+    rc = call(PROFILE_NAME, lib.paged_decode_bf16, *args)
     if rc != 0:
         raise RuntimeError(f"paged_decode_bf16 failed ({rc}): shapes outside the kernel, or out of memory")
     return out

@@ -4,44 +4,22 @@ arithmetic, are the cost (about 60 norms and 30 activations a step for a 30-laye
 from __future__ import annotations
 
 import ctypes
-import os
 from pathlib import Path
-from typing import Optional
 
 import torch
 
-from kernels.gemm.skinny import cpu_has_avx512_bf16
-from kernels.native import load
+from kernels.native import CpuKernelLibrary
 from kernels.profiling import call
 
 SOURCE = Path(__file__).with_name("fused_bf16.c")
-FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp"]
 
 
-class _Library:
-    def __init__(self) -> None:
-        self._lib: Optional[ctypes.CDLL] = None
-        self._tried = False
-
-    def get(self) -> Optional[ctypes.CDLL]:
-        if not self._tried:
-            self._tried = True
-            if os.environ.get("ACTORSERVE_CPU_KERNELS", "1") != "0" and cpu_has_avx512_bf16():
-                lib = load(SOURCE, FLAGS)
-                if lib is not None:
-                    lib.rms_norm_bf16.restype = None
-                    lib.rms_norm_bf16.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 2 + [ctypes.c_float,
-                                                                                                 ctypes.c_int]
-                    lib.rotary_bf16.restype = None
-                    lib.rotary_bf16.argtypes = ([ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3
-                                                + [ctypes.c_int64] * 3 + [ctypes.c_int])
-                    lib.silu_mul_bf16.restype = None
-                    lib.silu_mul_bf16.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int]
-                self._lib = lib
-        return self._lib
-
-
-_library = _Library()
+_library = CpuKernelLibrary(SOURCE, {
+    "rms_norm_bf16": (None, [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int]),
+    "rotary_bf16": (None, [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
+                    + [ctypes.c_int]),
+    "silu_mul_bf16": (None, [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int]),
+})
 
 
 def available() -> bool:

@@ -2,65 +2,33 @@
 
 A decode step multiplies a handful of rows by every weight matrix, so it is bound by reading the weights.
 oneDNN's bf16 path reads them at about 12 GB/s on this project's 2-core machines; ``skinny_bf16.c``
-streams them at about twice that (``bench/gemm_paths.py`` measures the paths side by side). Past about 8 rows
-the product is bound by arithmetic and oneDNN's blocked GEMM is as fast or faster, so the gate sends only
-skinny products here. Where the weights are prepacked at load (``prepacked``, the default where torch has
-oneDNN) that path serves every size and only a tied lm_head's plain table still comes here. fp32 is left to torch: the fp32 default is the setting held exact against the
-reference, and a different summation order would break that.
+streams them at about twice that (``bench/gemm_paths.py`` measures the paths side by side). Past about 8
+rows the product is bound by arithmetic and oneDNN's blocked GEMM is as fast or faster, so the gate sends
+only skinny products here. Where the weights are prepacked at load (``prepacked``, the default where torch
+has oneDNN), that path is as fast at every size, so this kernel serves plain weights only. fp32 is left to
+torch: the fp32 default is the setting held exact against the reference, and a different summation order
+would break that.
 """
 from __future__ import annotations
 
 import ctypes
-import os
-import platform
 from pathlib import Path
 from typing import Optional
 
 import torch
 from torch.nn import functional as F
 
-from kernels.native import load
+from kernels.native import CpuKernelLibrary
+from kernels.profiling import call
 
 MAX_ROWS = 8
 SOURCE = Path(__file__).with_name("skinny_bf16.c")
 PROFILE_NAME = "actorserve::skinny_linear_bf16"
-FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp"]
 
 
-def cpu_has_avx512_bf16() -> bool:
-    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
-        return False
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return "avx512_bf16" in line.split()
-    except OSError:
-        pass
-    return False
-
-
-class _Library:
-    """The built kernel, loaded at most once per process (None where the CPU or the build says no)."""
-
-    def __init__(self) -> None:
-        self._lib: Optional[ctypes.CDLL] = None
-        self._tried = False
-
-    def get(self) -> Optional[ctypes.CDLL]:
-        if not self._tried:
-            self._tried = True
-            if os.environ.get("ACTORSERVE_CPU_KERNELS", "1") != "0" and cpu_has_avx512_bf16():
-                lib = load(SOURCE, FLAGS)
-                if lib is not None:
-                    fn = lib.skinny_linear_bf16
-                    fn.restype = None
-                    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-                self._lib = lib
-        return self._lib
-
-
-_library = _Library()
+_library = CpuKernelLibrary(SOURCE, {
+    "skinny_linear_bf16": (None, [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]),
+})
 
 
 def available() -> bool:
@@ -88,11 +56,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     if rows.shape[0]:
         args = (rows.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
                 rows.shape[0], n, k, torch.get_num_threads())
-        if torch.autograd._profiler_enabled():  # named in profiles, as an operator (not host time)
-            with torch.profiler.record_function(PROFILE_NAME):
-                lib.skinny_linear_bf16(*args)
-        else:
-            lib.skinny_linear_bf16(*args)
+        call(PROFILE_NAME, lib.skinny_linear_bf16, *args)
     return out.view(*x.shape[:-1], n)
 
 
