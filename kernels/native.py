@@ -13,6 +13,7 @@ import hashlib
 import logging
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -41,14 +42,26 @@ def _compiler_version(cc: str) -> str:
         return ""
 
 
+def _local_headers(source: Path, text: bytes) -> list[bytes]:
+    """The contents of the ``#include "..."`` headers beside the source, so that editing one rebuilds."""
+    names = re.findall(rb'^\s*#\s*include\s+"([^"]+)"', text, flags=re.M)
+    return [(source.parent / name.decode()).read_bytes() for name in names]
+
+
 def load(source: Path, flags: list[str]) -> Optional[ctypes.CDLL]:
     """The built library of ``source`` (compiled with ``flags``), or None where it cannot be built."""
     cc = compiler()
     if cc is None:
         log.info("no C compiler found; %s is not built, the torch path is used", source.name)
         return None
-    text = source.read_bytes()
-    key = hashlib.sha256(b"\0".join([text, " ".join(flags).encode(), _compiler_version(cc).encode()])).hexdigest()
+    try:
+        text = source.read_bytes()
+        headers = _local_headers(source, text)
+    except OSError as e:
+        log.warning("reading %s or its headers failed (%s); the torch path is used", source.name, e)
+        return None
+    key = hashlib.sha256(b"\0".join([text, *headers, " ".join(flags).encode(),
+                                     _compiler_version(cc).encode()])).hexdigest()
     target = cache_dir() / f"{source.stem}-{key[:16]}.so"
     if not target.exists():
         try:

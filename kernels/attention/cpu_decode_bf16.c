@@ -5,45 +5,14 @@
  * item is one (sequence, KV head): its G = H / KVH query heads read every key and value row once. Scores,
  * softmax and the weighted sum of values are fp32; the output is rounded to bf16 once. D % 32 == 0.
  */
-#include <immintrin.h>
 #include <math.h>
 #include <omp.h>
-#include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
+
+#include "../bf16_avx512.h"
 
 #define MAX_G 16
 #define MAX_D 256
-
-/* e^x for x <= 0 (softmax after subtracting the max): Cephes' polynomial, ~1 ulp in fp32. */
-static inline __m512 exp512(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
-}
-
-static inline __m512 bf16x16_to_ps(const uint16_t *p) {
-    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-}
-
-static inline uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
 
 static void one(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, const int64_t *table,
                 int64_t len, uint16_t *out, int64_t G, int64_t NB, int64_t BS, int64_t D, int64_t kvh,
@@ -95,7 +64,7 @@ static void one(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_ca
         for (int64_t i = 0; i < n; i++) {
             const uint16_t *vr = vb + i * D;
             for (int64_t j = 0; j < dv; j++) {
-                __m512 v = bf16x16_to_ps(vr + j * 16);
+                __m512 v = load_bf16(vr + j * 16, 0xffff);
                 for (int64_t g = 0; g < G; g++)
                     acc[g][j] = _mm512_fmadd_ps(_mm512_set1_ps(scores[g * stride + t0 + i]), v, acc[g][j]);
             }

@@ -7,29 +7,12 @@
  *   silu_mul:     y = bf16(bf16(silu(g)) * u) for gate_up rows [g | u]
  * Needs AVX-512 BF16 (vcvtneps2bf16); the caller checks the CPU.
  */
-#include <immintrin.h>
 #include <math.h>
 #include <omp.h>
-#include <stdint.h>
-#include <string.h>
+
+#include "../bf16_avx512.h"
 
 #define PAR_MIN_ELEMS 65536 /* below this one thread does the rows: a parallel region costs more */
-
-static inline __m512 load_bf16(const uint16_t *p, __mmask16 m) {
-    __m256i h = _mm256_maskz_loadu_epi16(m, p);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-static inline void store_bf16(uint16_t *p, __m512 v, __mmask16 m) {
-    _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(v));
-}
-
-static inline __m512 round_bf16(__m512 v) { /* to bf16 and back: the value torch would hold */
-    __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-static inline __mmask16 tail_mask(int64_t n, int64_t i) { return n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1); }
 
 static void norm_row(const uint16_t *x, const uint16_t *d, uint16_t *h, const uint16_t *w, uint16_t *y,
                      int64_t n, float eps) {
@@ -63,23 +46,6 @@ void rms_norm_bf16(const uint16_t *x, const uint16_t *d, uint16_t *h, const uint
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t r = 0; r < rows; r++)
         norm_row(x + r * n, d ? d + r * n : 0, d ? h + r * n : 0, w, y + r * n, n, eps);
-}
-
-/* e^x in fp32 (Cephes' polynomial, about 1 ulp); overflows to inf as expf does, so silu(-100) is -0. */
-static inline __m512 exp512(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(127.0f));
-    __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, k);
 }
 
 static void silu_mul_row(const uint16_t *gu, uint16_t *y, int64_t n) {

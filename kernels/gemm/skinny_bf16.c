@@ -6,27 +6,11 @@
  * reused, from L1, for every row of x. Needs AVX-512 BF16 (vdpbf16ps); the caller checks the CPU.
  * Threads come from the OpenMP runtime torch has already loaded (same soname), so they are torch's.
  */
-#include <immintrin.h>
 #include <omp.h>
-#include <stdint.h>
-#include <string.h>
+
+#include "../bf16_avx512.h"
 
 #define BLOCK 8
-
-static inline uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  /* NaN stays a quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);  /* round to nearest even, as torch's float -> bf16 */
-    return (uint16_t)(u >> 16);
-}
-
-static inline float from_bf16(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 static void rows(const uint16_t *x, const uint16_t *w, const uint16_t *bias, uint16_t *y,
                  int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1) {
