@@ -100,6 +100,11 @@ def cpu_has_avx512_bf16() -> bool:
     return False
 
 
+def cpu_kernels_enabled() -> bool:
+    """``ACTORSERVE_CPU_KERNELS=0`` switches off every CPU fast path (the C kernels and prepacking)."""
+    return os.environ.get("ACTORSERVE_CPU_KERNELS", "1") != "0"
+
+
 class CpuKernelLibrary:
     """One AVX-512 BF16 C source, built and loaded at most once per process, with its functions' ctypes
     signatures declared; None where ``ACTORSERVE_CPU_KERNELS=0``, the CPU lacks AVX-512 BF16, or the build
@@ -113,7 +118,7 @@ class CpuKernelLibrary:
     def get(self) -> Optional[ctypes.CDLL]:
         if not self._tried:
             self._tried = True
-            if os.environ.get("ACTORSERVE_CPU_KERNELS", "1") != "0" and cpu_has_avx512_bf16():
+            if cpu_kernels_enabled() and cpu_has_avx512_bf16():
                 lib = load(self.source, AVX512_BF16_FLAGS)
                 if lib is not None:
                     for name, (restype, argtypes) in self.signatures.items():

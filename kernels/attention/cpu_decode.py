@@ -50,8 +50,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     lib = _library.get()
     if lib is None:
         raise RuntimeError("the paged decode kernel is not available on this machine")
-    kvh, num_blocks, block_size, d = k_cache.shape
-    b, h, _ = q.shape
+    block_size = k_cache.shape[2]
+    b = q.shape[0]
     if not (k_cache.is_contiguous() and v_cache.is_contiguous() and block_tables.dtype == torch.int64
             and seq_lens.dtype == torch.int64 and block_tables.shape[0] == b == seq_lens.shape[0]):
         raise ValueError("paged_decode: contiguous caches, and int64 block tables and lengths of one row per query")

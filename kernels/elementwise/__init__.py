@@ -3,7 +3,6 @@ path for bf16 on CPUs with AVX-512 BF16 (``cpu_bf16``), and torch references, wh
 for every other dtype and device (fp32 stays on them: it is held exact against the reference model)."""
 from __future__ import annotations
 
-
 import torch
 from torch.nn import functional as F
 

@@ -1,6 +1,7 @@
-"""ctypes front of ``fused_bf16.c``: bf16 RMSNorm, residual add + RMSNorm, and SiLU-and-multiply, one C
-call each where torch takes four to six operators. At decode batch sizes those dispatches, not the
-arithmetic, are the cost (about 60 norms and 30 activations a step for a 30-layer model)."""
+"""ctypes front of ``fused_bf16.c``: bf16 RMSNorm, residual add + RMSNorm, SiLU-and-multiply and the
+rotary embedding, one C call each where torch takes four to six operators. At decode batch sizes those
+dispatches, not the arithmetic, are the cost (60 norms, 30 activations and 30 rotations a step for a
+30-layer model)."""
 from __future__ import annotations
 
 import ctypes

@@ -13,10 +13,11 @@ exact against the reference.
 """
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
+
+from kernels.native import cpu_kernels_enabled
 
 # oneDNN picks the blocked layout for an expected row count. Measured on the model's shapes, a hint of 1,
 # 32 or 256 serves 1 to 256 rows alike; no hint made 1-row products 40% slower.
@@ -24,7 +25,7 @@ BATCH_HINT = 32
 
 
 def available() -> bool:
-    return (os.environ.get("ACTORSERVE_CPU_KERNELS", "1") != "0" and torch.backends.mkldnn.is_available()
+    return (cpu_kernels_enabled() and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
             and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
