@@ -1,4 +1,5 @@
-"""The row operations of a decoder layer (RMSNorm, residual add + RMSNorm, SiLU-and-multiply, rotary): a C
+"""The row operations of a decoder layer (RMSNorm, residual add + RMSNorm, SiLU-and-multiply, rotary) and
+the greedy sampler's row argmax: a C
 path for bf16 on CPUs with AVX-512 BF16 (``cpu_bf16``), and torch references, which are also the path
 for every other dtype and device (fp32 stays on them: it is held exact against the reference model)."""
 from __future__ import annotations
@@ -55,4 +56,12 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return silu_mul_ref(gate_up)
 
 
-__all__ = ["add_rms_norm", "rms_norm", "rms_norm_ref", "rotary", "rotary_ref", "silu_mul", "silu_mul_ref"]
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """``x.argmax(dim=-1)`` for 2-D x; bf16 logits are ranked without an fp32 copy (at 256 rows of a 49k
+    vocabulary the copy and torch's bf16 argmax took about 25 ms a step, the C pass about 2)."""
+    if x.dim() == 2 and x.shape[1] > 0 and cpu_bf16.applies(x):
+        return cpu_bf16.argmax(x)
+    return x.argmax(dim=-1)
+
+
+__all__ = ["add_rms_norm", "argmax", "rms_norm", "rms_norm_ref", "rotary", "rotary_ref", "silu_mul", "silu_mul_ref"]

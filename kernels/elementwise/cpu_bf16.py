@@ -20,6 +20,7 @@ _library = CpuKernelLibrary(SOURCE, {
     "rotary_bf16": (None, [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
                     + [ctypes.c_int]),
     "silu_mul_bf16": (None, [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int]),
+    "argmax_bf16": (None, [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int]),
 })
 
 
@@ -86,4 +87,13 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torc
     out = torch.empty(t, heads, d, dtype=torch.bfloat16)
     call("actorserve::rotary_bf16", _library.get().rotary_bf16, x.data_ptr(), x.stride(0), cos.data_ptr(),
          sin_signed.data_ptr(), out.data_ptr(), t, heads, d, torch.get_num_threads())
+    return out
+
+
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """``x.argmax(dim=-1)`` of a 2-D x with a non-empty last dimension."""
+    rows = x.contiguous()
+    out = torch.empty(rows.shape[0], dtype=torch.int64)
+    call("actorserve::argmax_bf16", _library.get().argmax_bf16, rows.data_ptr(), out.data_ptr(), rows.shape[0],
+         rows.shape[1], torch.get_num_threads())
     return out

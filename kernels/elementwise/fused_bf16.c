@@ -5,6 +5,7 @@
  *   rms_norm:     y = bf16(w * bf16(x * rsqrt(mean(x^2) + eps)))       (x, mean, rsqrt in fp32)
  *   add_rms_norm: h = bf16(x + d); y = rms_norm(h)                      (h is written back too)
  *   silu_mul:     y = bf16(bf16(silu(g)) * u) for gate_up rows [g | u]
+ *   argmax:       torch.argmax of each row (the greedy sampler's, without widening the logits to fp32)
  * Needs AVX-512 BF16 (vcvtneps2bf16); the caller checks the CPU.
  */
 #include <math.h>
@@ -101,4 +102,39 @@ void rotary_bf16(const uint16_t *x, int64_t row_stride, const uint16_t *cos, con
             }
         }
     }
+}
+
+/* First index of a row's largest value, as torch.argmax: a NaN counts as the largest (its first one wins),
+ * and among equal values (0.0 and -0.0 too) the first index wins. Widening bf16 is exact and keeps order. */
+static int64_t argmax_row(const uint16_t *x, int64_t n) {
+    __m512 best = _mm512_set1_ps(-INFINITY);
+    __m512i best_i = _mm512_set1_epi32(-1);
+    __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __mmask16 nan = 0;
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n, i);
+        __m512 v = load_bf16(x + i, m);
+        nan |= _mm512_mask_cmp_ps_mask(m, v, v, _CMP_UNORD_Q);
+        /* strictly greater, or the first -inf of a lane (best_i still -1): each lane keeps its first max */
+        __mmask16 take = _mm512_mask_cmp_ps_mask(m, v, best, _CMP_GT_OQ)
+                       | _mm512_mask_cmpeq_epi32_mask(m, best_i, _mm512_set1_epi32(-1));
+        best = _mm512_mask_mov_ps(best, take, v);
+        best_i = _mm512_mask_mov_epi32(best_i, take, idx);
+        idx = _mm512_add_epi32(idx, _mm512_set1_epi32(16));
+    }
+    if (nan) {
+        for (int64_t i = 0; i < n; i++)
+            if (from_bf16(x[i]) != from_bf16(x[i])) return i;
+    }
+    const float top = _mm512_reduce_max_ps(best);
+    __mmask16 at_top = _mm512_cmp_ps_mask(best, _mm512_set1_ps(top), _CMP_EQ_OQ) &
+                       _mm512_cmpneq_epi32_mask(best_i, _mm512_set1_epi32(-1));
+    /* lanes hold disjoint indices: the smallest index among the lanes at the top */
+    return (int64_t)_mm512_mask_reduce_min_epi32(at_top, best_i);
+}
+
+/* x [rows, n] -> out [rows] int64. */
+void argmax_bf16(const uint16_t *x, int64_t *out, int64_t rows, int64_t n, int threads) {
+#pragma omp parallel for num_threads(rows * n >= PAR_MIN_ELEMS && threads > 1 ? threads : 1) schedule(static)
+    for (int64_t r = 0; r < rows; r++) out[r] = argmax_row(x + r * n, n);
 }

@@ -180,8 +180,9 @@ class CausalLM(nn.Module):
         return packed + sum(p.numel() for p in self.parameters())
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits in the model's dtype; the sampler widens them to fp32 where it needs more than an argmax."""
         if self.lm_head is not None:
-            return self.lm_head(hidden).float()
+            return self.lm_head(hidden)
         if self._tied_head is not None:  # faster than the skinny kernel on the plain table even at 1 row
-            return linear(hidden, None, None, self._tied_head).float()
-        return linear(hidden, self.model.embed_tokens.weight).float()
+            return linear(hidden, None, None, self._tied_head)
+        return linear(hidden, self.model.embed_tokens.weight)

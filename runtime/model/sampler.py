@@ -12,6 +12,7 @@ from typing import Optional
 
 import torch
 
+from kernels.elementwise import argmax
 from runtime.engine.batch import SamplingSpec, TokenLogprobs
 
 
@@ -30,7 +31,13 @@ class Sampler:
         self._generator = torch.Generator().manual_seed(seed)
 
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]):
-        """logits [B, V] fp32 -> (token ids [B] as a list, logprobs per row or None)."""
+        """logits [B, V] in the model's dtype -> (token ids [B] as a list, logprobs per row or None).
+
+        A batch of plain greedy rows is ranked in the model's dtype (widening is exact, so the argmax is
+        the same); anything else works on an fp32 copy."""
+        if all(_plain_greedy(r) for r in rows):
+            return argmax(logits).tolist(), [None] * len(rows)
+        logits = logits.float()
         logprobs = _top_logprobs(logits, rows)
         logits = _apply_bias_and_min_tokens(logits, rows)
         logits = _apply_penalties(logits, rows)
@@ -58,6 +65,14 @@ class Sampler:
                 noise[i].exponential_(generator=row.generator)
         sampled = (probs / noise).argmax(dim=-1)
         return torch.where(torch.tensor(greedy), argmax, sampled)
+
+
+def _plain_greedy(row: SamplingRow) -> bool:
+    """A row whose token is the argmax of its raw logits: greedy, and nothing below alters or reads them."""
+    spec = row.spec
+    return (spec.temperature < 1e-5 and spec.logprobs is None and not spec.logit_bias
+            and len(row.output_ids) >= spec.min_tokens and spec.repetition_penalty == 1.0
+            and spec.presence_penalty == 0.0 and spec.frequency_penalty == 0.0)
 
 
 def _apply_bias_and_min_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:

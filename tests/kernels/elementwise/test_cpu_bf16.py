@@ -67,3 +67,20 @@ def test_rotary_matches_torch_on_strided_rows(t, heads, d):
     assert torch.equal(rotary(x, table), rotary_ref(x, table))
     assert torch.equal(rotary(x.float(), tuple(c.float() for c in table)),
                        rotary_ref(x.float(), tuple(c.float() for c in table)))  # fp32: the torch path
+
+
+@pytest.mark.parametrize("rows,n", [(1, 1), (4, 15), (4, 16), (5, 17), (256, 49152)])
+def test_argmax_matches_torch(rows, n):
+    x = torch.randint(-3, 3, (rows, n), generator=torch.Generator().manual_seed(3)).bfloat16()  # many ties
+    assert torch.equal(cpu_bf16.argmax(x), x.argmax(dim=-1))
+
+
+def test_argmax_edge_values_match_torch():
+    x = torch.randn(8, 37, generator=torch.Generator().manual_seed(4)).bfloat16()
+    x[0] = float("-inf")  # all -inf: index 0
+    x[1, 5], x[1, 9] = float("nan"), float("nan")  # the first NaN wins
+    x[2], x[2, 7] = -0.0, 0.0  # equal zeros: the first
+    x[3, 20] = float("inf")
+    x[4], x[4, 36] = float("-inf"), -1e30  # the maximum in the tail of the last vector
+    x[5, 33] = 100.0
+    assert cpu_bf16.argmax(x).tolist() == x.argmax(dim=-1).tolist() == [0, 5, 0, 20, 36, 33] + x[6:].argmax(-1).tolist()

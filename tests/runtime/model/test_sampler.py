@@ -79,6 +79,21 @@ def test_greedy_rows_take_the_argmax_beside_sampled_rows():
     assert len(set(tokens[1::2])) > 1
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_plain_greedy_rows_rank_the_logits_in_their_dtype(dtype):
+    """A plain greedy batch takes the argmax of the model-dtype logits (no fp32 copy); the same rows with
+    anything that reads or alters the logits still get it from the fp32 path."""
+    logits = torch.randn(64, 1000, generator=torch.Generator().manual_seed(0)).to(dtype)
+    logits[3, 10] = logits[3, 20] = logits[3].max() + 1  # a tie: the first index wins on both paths
+    want = logits.float().argmax(-1).tolist()
+    plain = [SamplingRow(spec(temperature=0.0), None, [], []) for _ in range(64)]
+    assert Sampler()(logits, plain)[0] == want
+    with_logprobs = [SamplingRow(spec(temperature=0.0, logprobs=1), None, [], []) for _ in range(64)]
+    tokens, lps = Sampler()(logits, with_logprobs)
+    assert tokens == want and all(lp is not None for lp in lps)
+    assert want[3] == 10
+
+
 def test_seeded_rows_do_not_depend_on_the_batch():
     def run(batch_size, position):
         gen = torch.Generator().manual_seed(1234)
