@@ -11,6 +11,8 @@ from runtime.errors import ActorServeError
 def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="a .gguf file or HF directory (default: embedded SmolLM2)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--quantization", "-q", default=None, choices=["int8"],
+                   help="int8: the layers' weights as int8, activations quantized per row (W8A8, approximate)")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
@@ -21,8 +23,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def _engine_kwargs(a: argparse.Namespace) -> dict:
-    return dict(dtype=a.dtype, max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs,
-                max_num_batched_tokens=a.max_num_batched_tokens, kv_cache_memory=a.kv_cache_memory,
+    return dict(dtype=a.dtype, quantization=a.quantization, max_model_len=a.max_model_len,
+                max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens, kv_cache_memory=a.kv_cache_memory,
                 enable_prefix_caching=not a.no_prefix_caching, seed=a.seed,
                 pipeline_parallel_size=a.pipeline_parallel_size)
 

@@ -1,6 +1,6 @@
 """Our engine against transformers' ``generate`` on the same weights, side by side in one run.
 
-    .venv/bin/python bench/compare_hf.py [--offline-prompts 256] [--hf-offline-prompts 32]
+    .venv/bin/python bench/compare_hf.py [--dtype bfloat16 --hf-dtype float32] [--quantization none int8]
 
 transformers gets exactly our weights (the GGUF dequantized to fp32, as its own GGUF loader would give
 them), so the comparison is of engines, not of files. Workloads come from
@@ -8,8 +8,9 @@ them), so the comparison is of engines, not of files. Workloads come from
 prompts batched (64 new tokens each; transformers pads on the left), a 512-token prefill, and offline
 throughput (prompts of about 128 tokens, 128 new tokens, greedy). transformers runs the offline workload
 on fewer prompts (one padded batch), since its rate is what is compared. Both run in ``--dtype``
-(``--hf-dtype float32`` keeps transformers at the issue's anchor setting). Prints
-a table of ratios and writes bench/results/compare_hf_<dtype>_vs_<hf dtype>.json.
+(``--hf-dtype float32`` keeps transformers at the issue's anchor setting); ``--quantization none int8``
+times our engine both ways, each right after the same transformers run. Prints a table of ratios and
+writes bench/results/compare_hf_<dtype>[_<quantizations>]_vs_<hf dtype>.json.
 """
 from __future__ import annotations
 
@@ -83,38 +84,48 @@ def main() -> None:
     ap.add_argument("--hf-offline-prompts", type=int, default=32)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--hf-dtype", default=None, help="transformers' dtype (default: --dtype)")
+    ap.add_argument("--quantization", nargs="+", default=["none"], choices=["none", "int8"],
+                    help="our engine in each of these settings, each workload timed right after transformers'")
     args = ap.parse_args()
     hf_dtype = args.hf_dtype or args.dtype
     data = json.loads(PROMPTS.read_text())
-    llm = LLM(max_model_len=1024, dtype=args.dtype, kv_cache_memory=1 << 30)
-    hf = hf_model(llm).to(getattr(torch, hf_dtype))  # the same weights
-    ours(llm, [data["single"]], 4)  # warm-up
+    engines = {q: LLM(max_model_len=1024, dtype=args.dtype, kv_cache_memory=1 << 30,
+                      quantization=None if q == "none" else q) for q in args.quantization}
+    hf = hf_model(next(iter(engines.values()))).to(getattr(torch, hf_dtype))  # the same weights
+    for llm in engines.values():
+        ours(llm, [data["single"]], 4)  # warm-up
     hf_generate(hf, [data["single"]], 4)
 
     rows = []
 
-    def row(name, tokens, hf_s, our_s, hf_count=None):
-        hf_rate = (hf_count or tokens) / hf_s
-        our_rate = tokens / our_s
-        rows.append({"workload": name, "transformers_tok_s": hf_rate, "actorserve_tok_s": our_rate,
-                     "ratio": our_rate / hf_rate, "transformers_s": hf_s, "actorserve_s": our_s})
+    def row(name, tokens, prompts, new_tokens, hf_prompts=None):
+        hf_prompts = hf_prompts or prompts
+        hf_s = hf_generate(hf, hf_prompts, new_tokens)
+        hf_rate = tokens * len(hf_prompts) / len(prompts) / hf_s
+        for q, llm in engines.items():
+            our_s = ours(llm, prompts, new_tokens)
+            our_rate = tokens / our_s
+            rows.append({"workload": name, "quantization": q, "transformers_tok_s": hf_rate,
+                         "actorserve_tok_s": our_rate, "ratio": our_rate / hf_rate, "transformers_s": hf_s,
+                         "actorserve_s": our_s})
 
-    row("single-stream decode (64 new)", 64, hf_generate(hf, [data["single"]], 64), ours(llm, [data["single"]], 64))
-    row("16 prompts x 64 new", 16 * 64, hf_generate(hf, data["batch"], 64), ours(llm, data["batch"], 64))
-    row("512-token prefill (+1 token)", 512, hf_generate(hf, [data["long"]], 1), ours(llm, [data["long"]], 1))
+    row("single-stream decode (64 new)", 64, [data["single"]], 64)
+    row("16 prompts x 64 new", 16 * 64, data["batch"], 64)
+    row("512-token prefill (+1 token)", 512, [data["long"]], 1)
     big = offline_prompts(data, args.offline_prompts)
-    row(f"offline {args.offline_prompts} x 128 in / 128 out", len(big) * 128,
-        hf_generate(hf, big[:args.hf_offline_prompts], 128), ours(llm, big, 128),
-        hf_count=args.hf_offline_prompts * 128)
+    row(f"offline {args.offline_prompts} x 128 in / 128 out", len(big) * 128, big, 128,
+        hf_prompts=big[:args.hf_offline_prompts])
 
-    print(f"{'workload':42} {'transformers':>14} {'actorserve':>12} {'ratio':>7}")
+    print(f"{'workload':42} {'ours':>5} {'transformers':>14} {'actorserve':>12} {'ratio':>7}")
     for r in rows:
-        print(f"{r['workload']:42} {r['transformers_tok_s']:10.1f} t/s {r['actorserve_tok_s']:8.1f} t/s "
-              f"{r['ratio']:6.2f}x")
+        print(f"{r['workload']:42} {r['quantization']:>5} {r['transformers_tok_s']:10.1f} t/s "
+              f"{r['actorserve_tok_s']:8.1f} t/s {r['ratio']:6.2f}x")
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
-    (out / f"compare_hf_{args.dtype}_vs_{hf_dtype}.json").write_text(
-        json.dumps({"dtype": args.dtype, "hf_dtype": hf_dtype, "rows": rows}, indent=1))
+    suffix = "" if args.quantization == ["none"] else "_" + "_".join(args.quantization)
+    (out / f"compare_hf_{args.dtype}{suffix}_vs_{hf_dtype}.json").write_text(
+        json.dumps({"dtype": args.dtype, "hf_dtype": hf_dtype, "quantization": args.quantization, "rows": rows},
+                   indent=1))
 
 
 if __name__ == "__main__":

@@ -84,7 +84,10 @@ def load(source: Path, flags: list[str]) -> Optional[ctypes.CDLL]:
         return None
 
 
-AVX512_BF16_FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp"]
+# -ffp-contract=off: GCC would otherwise fuse a written multiply and add into one FMA (its default outside
+# ISO C mode), which rounds once where torch's sequence rounds twice, and the kernels match torch to the bit.
+AVX512_BF16_FLAGS = ["-O3", "-ffp-contract=off", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16",
+                     "-fopenmp"]
 
 
 def cpu_has_avx512_bf16() -> bool:

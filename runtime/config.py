@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 BLOCK_SIZE = 16
 _DTYPES = ("float32", "bfloat16", "float16")
+QUANTIZATIONS = (None, "int8")  # int8: W8A8 with per-row dynamic activation scales (kernels.gemm.int8)
 # With no budget given, the KV cache takes this fraction of the memory available at start-up, capped,
 # since the pool is zeroed up front (garbage in unused slots could be NaN, which masking does not hide).
 _DEFAULT_KV_FRACTION = 0.1
@@ -28,10 +29,13 @@ class ModelConfig:
     max_model_len: Optional[int] = None  # None: the model's own context length
     seed: int = 0
     skip_tokenizer_init: bool = False
+    quantization: Optional[str] = None  # one of QUANTIZATIONS; the layers' linears, applied at load
 
     def validate(self) -> None:
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
 

@@ -42,7 +42,7 @@ def load_worker(config: EngineConfig, with_tokenizer: bool, pp_rank: int = 0,
     max_len = m.max_model_len
     loaded = load_model(m.model, m.dtype, max_positions=max_len, tokenizer=m.tokenizer,
                         skip_tokenizer=m.skip_tokenizer_init or not with_tokenizer, pp_rank=pp_rank,
-                        pp_size=config.parallel.pipeline_parallel_size)
+                        pp_size=config.parallel.pipeline_parallel_size, quantization=m.quantization)
     if max_len is not None and max_len > loaded.cfg.max_position_embeddings:
         raise ValueError(f"max_model_len {max_len} exceeds the model's context length "
                          f"{loaded.cfg.max_position_embeddings}")

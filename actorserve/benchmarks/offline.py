@@ -13,6 +13,7 @@ from actorserve.benchmarks.stats import summary_ms
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--quantization", "-q", default=None, choices=["int8"])
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
@@ -27,7 +28,7 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
 def _llm(args):
     from actorserve import LLM
 
-    return LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+    return LLM(args.model, dtype=args.dtype, quantization=args.quantization, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory=args.kv_cache_memory,
                skip_tokenizer_init=args.skip_tokenizer_init)
 
@@ -51,7 +52,7 @@ def throughput(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - start
     out_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     result = {"num_prompts": len(prompts), "input_len": args.input_len, "output_len": args.output_len,
-              "dtype": args.dtype, "seconds": elapsed, "requests_s": len(prompts) / elapsed,
+              "dtype": args.dtype, "quantization": args.quantization, "seconds": elapsed, "requests_s": len(prompts) / elapsed,
               "output_tokens": out_tokens, "output_tok_s": out_tokens / elapsed,
               "total_tok_s": (out_tokens + args.input_len * len(prompts)) / elapsed}
     print(f"{len(prompts)} prompts x {args.input_len} in / {args.output_len} out ({args.dtype}): {elapsed:.1f} s, "
@@ -95,7 +96,7 @@ def latency(args: argparse.Namespace) -> int:
         runner.execute = execute
     decode = steps[prefill_until:]
     result = {"batch_size": args.batch_size, "input_len": args.input_len, "output_len": args.output_len,
-              "dtype": args.dtype, "prefill_s": sum(steps[:prefill_until]), "decode_step_ms": summary_ms(decode),
+              "dtype": args.dtype, "quantization": args.quantization, "prefill_s": sum(steps[:prefill_until]), "decode_step_ms": summary_ms(decode),
               "engine_share": engine_share, "host_share_of_decode_step": host,
               "decode_tok_s": args.batch_size * len(decode) / sum(decode) if decode else None}
     d = result["decode_step_ms"]

@@ -45,6 +45,9 @@ class PackedWeight:
         self.out_features, self.in_features = weight.shape
         self.tensor = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), BATCH_HINT)
 
+    def apply(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return packed_linear(x, self, bias)
+
 
 def packed_linear(x: torch.Tensor, packed: PackedWeight, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for bf16 x, from the packed weight."""

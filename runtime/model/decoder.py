@@ -172,6 +172,11 @@ class CausalLM(nn.Module):
             packed += 1
         return packed
 
+    def quantize_int8(self) -> int:
+        """Hold every linear of the layers as int8 (``kernels.gemm.int8``); the lm_head and the embedding
+        table keep the model's dtype. Returns how many matrices were quantized."""
+        return sum(m.quantize_int8() for m in self.model.modules() if isinstance(m, Linear))
+
     def num_parameters(self) -> int:
         """Weights of this stage, counting prepacked matrices (no longer nn.Parameters) and not the packed
         copy of a tied lm_head."""

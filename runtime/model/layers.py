@@ -8,14 +8,22 @@ import torch
 from torch import nn
 
 from kernels.elementwise import add_rms_norm, rms_norm, rotary, silu_mul
-from kernels.gemm import linear, prepacked
+from kernels.gemm import Int8Weight, PreparedWeight, int8, linear, prepacked
 
 
 class Linear(nn.Linear):
     """nn.Linear whose product goes through ``kernels.gemm.linear``. After ``prepack`` a bf16 CPU weight
-    is held in oneDNN's blocked layout only (``weight`` is None)."""
+    is held in oneDNN's blocked layout only, after ``quantize_int8`` as int8 only (``weight`` is None)."""
 
-    packed: Optional[prepacked.PackedWeight] = None
+    packed: Optional[PreparedWeight] = None
+
+    def quantize_int8(self) -> bool:
+        """Hold the weight as int8 (``kernels.gemm.int8``); once, after loading, before ``prepack``."""
+        if self.weight is None or self.weight.device.type != "cpu" or not int8.available():
+            return False
+        self.packed = Int8Weight(self.weight.detach())
+        self.weight = None
+        return True
 
     def prepack(self) -> bool:
         """Pack the weight where that path takes it; once, after loading."""

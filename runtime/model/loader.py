@@ -12,6 +12,7 @@ from typing import Any, Iterable, Optional
 
 import torch
 
+from runtime.config import QUANTIZATIONS
 from runtime.errors import ModelLoadError
 from runtime.model import gguf_weights, hf_weights
 from runtime.model.arch_config import ArchConfig
@@ -59,21 +60,27 @@ def read_arch_config(path: str):
 
 def load_model(model: Optional[str], dtype: str = "float32", max_positions: Optional[int] = None,
                device: str = "cpu", tokenizer: Optional[str] = None, skip_tokenizer: bool = False,
-               pp_rank: int = 0, pp_size: int = 1) -> LoadedModel:
-    """The model, or one pipeline stage of it (only that stage's tensors are read)."""
+               pp_rank: int = 0, pp_size: int = 1, quantization: Optional[str] = None) -> LoadedModel:
+    """The model, or one pipeline stage of it (only that stage's tensors are read). With
+    ``quantization="int8"`` the layers' linears are quantized from the fp32 weights, not from ``dtype``'s."""
+    if quantization not in QUANTIZATIONS:
+        raise ModelLoadError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     path = resolve_model_path(model)
     reader, cfg = read_arch_config(path)
     positions = max_positions or cfg.max_position_embeddings
     stage = Stage.of(cfg.num_layers, pp_rank, pp_size)
     with torch.device("meta"):
         net = CausalLM(cfg, positions, stage)
-    net = net.to_empty(device=device).to(_DTYPES[dtype])
+    net = net.to_empty(device=device).to(torch.float32 if quantization else _DTYPES[dtype])
     wanted = lambda name: name == gguf_weights.ROPE_FREQS or stage.owns(name)  # noqa: E731
     if reader is not None:
         tensors = gguf_weights.iter_tensors(reader, cfg, wanted)
     else:
         tensors = hf_weights.iter_tensors(path, wanted)
     freq_factors = load_weights(net, tensors)
+    if quantization == "int8":
+        net.quantize_int8()
+        net = net.to(_DTYPES[dtype])
     net.init_buffers(freq_factors)
     net.eval().requires_grad_(False)
     net.prepack()

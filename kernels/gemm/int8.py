@@ -1,0 +1,118 @@
+"""W8A8 int8 products: weights quantized once at load per output channel, activations per row at each call.
+
+On a CPU with AVX-512 VNNI an int8 product runs at about twice the bf16 rate (on this project's 2-core
+machine 750-800 against 370-410 GOP/s at 256 to 2048 rows, ``bench/gemm_paths.py``), and prefill and
+large decode batches are bound by that rate. This is vLLM's dynamic int8 scheme (``--quantization int8``
+here; vLLM's compressed-tensors W8A8 with dynamic per-token activation scales):
+
+    w_q = round(w / s_w), s_w = amax(|w[n, :]|) / 127          (symmetric, per output channel, at load)
+    x_q = round(x / s_x), s_x = amax(|x[m, :]|) / 127          (symmetric, per row, every call)
+    y   = (x_q @ w_q.T) * s_x[m] * s_w[n] (+ bias)             (int32 products, exact; scaled in fp32)
+
+The product itself is ``torch._int_mm`` (oneDNN's s8s8s32 GEMM); the two row passes around it are
+``int8_bf16.c`` for bf16 activations, with the torch sequences below as their reference and fallback. It
+is an approximation of the model (about 7 bits per activation), which is why it is opt-in: greedy tokens
+drift from the bf16 model's after some dozens of tokens (``tests/kernels/gemm/test_int8.py`` bounds the
+logit error). The lm_head stays in the model's dtype, as in vLLM, since its rows are what the sampler ranks.
+"""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from kernels.native import CpuKernelLibrary
+from kernels.profiling import call
+
+SOURCE = Path(__file__).with_name("int8_bf16.c")
+QMAX = 127
+
+_library = CpuKernelLibrary(SOURCE, {
+    "quantize_rows_bf16": (None, [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_int]),
+    "dequant_rows_bf16": (None, [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 2 + [ctypes.c_int]),
+})
+
+
+def available() -> bool:
+    return hasattr(torch, "_int_mm")
+
+
+def kernels_available() -> bool:
+    return _library.get() is not None
+
+
+def quantize_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (int8 [M, K], fp32 scales [M]); a row of zeros gets scale 0 and zeros."""
+    xf = x.float()
+    amax = xf.abs().amax(dim=-1)
+    # a true division, as the C pass does (``QMAX / amax`` would be ``amax.reciprocal() * QMAX`` in torch)
+    inv = torch.where(amax > 0, torch.full_like(amax, QMAX) / amax, torch.zeros_like(amax))
+    q = (xf * inv[:, None]).round().clamp(-QMAX, QMAX).to(torch.int8)
+    return q, amax / QMAX
+
+
+def dequant_ref(acc: torch.Tensor, sx: torch.Tensor, sw: torch.Tensor, bias: Optional[torch.Tensor],
+                dtype: torch.dtype) -> torch.Tensor:
+    y = acc.float() * sx[:, None] * sw
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(dtype)
+
+
+def _fast(dtype: torch.dtype, bias: Optional[torch.Tensor] = None) -> bool:
+    """The gate of the C row passes: bf16 activations (and bias), on a CPU they were built for."""
+    return dtype == torch.bfloat16 and (bias is None or bias.dtype == torch.bfloat16) and kernels_available()
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_ref`` of a 2-D x, in one C pass for bf16."""
+    if not _fast(x.dtype) or x.requires_grad:
+        return quantize_ref(x)
+    x = x.contiguous()
+    rows, k = x.shape
+    q = torch.empty(rows, k, dtype=torch.int8)
+    scale = torch.empty(rows, dtype=torch.float32)
+    call("actorserve::quantize_rows_bf16", _library.get().quantize_rows_bf16, x.data_ptr(), q.data_ptr(),
+         scale.data_ptr(), rows, k, torch.get_num_threads())
+    return q, scale
+
+
+def dequant_rows(acc: torch.Tensor, sx: torch.Tensor, sw: torch.Tensor, bias: Optional[torch.Tensor],
+                 dtype: torch.dtype) -> torch.Tensor:
+    """``dequant_ref``, in one C pass for a bf16 result."""
+    if not _fast(dtype, bias):
+        return dequant_ref(acc, sx, sw, bias, dtype)
+    rows, n = acc.shape
+    out = torch.empty(rows, n, dtype=torch.bfloat16)
+    call("actorserve::dequant_rows_bf16", _library.get().dequant_rows_bf16, acc.data_ptr(), sx.data_ptr(),
+         sw.data_ptr(), None if bias is None else bias.contiguous().data_ptr(), out.data_ptr(), rows, n,
+         torch.get_num_threads())
+    return out
+
+
+class Int8Weight:
+    """A weight [out_features, in_features] as int8 with one fp32 scale per output channel."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        if weight.dim() != 2 or weight.device.type != "cpu" or not weight.is_floating_point():
+            raise ValueError(f"Int8Weight: a floating-point CPU matrix, got {weight.dtype} {tuple(weight.shape)} "
+                             f"on {weight.device}")
+        if not available():
+            raise RuntimeError("int8 products need torch._int_mm, which this torch lacks")
+        self.out_features, self.in_features = weight.shape
+        q, self.scale = quantize_ref(weight.detach())
+        # _int_mm takes [K, N]; the transposed view of [N, K] rows is oneDNN's faster layout at few rows
+        self.q_t = q.t()
+
+    def apply(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``F.linear(x, w, bias)`` for the dequantized w, with x quantized per row; x keeps its dtype."""
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"int8 linear: input of {self.in_features} features, got {tuple(x.shape)}")
+        rows = x.reshape(-1, self.in_features)
+        if rows.shape[0] == 0:
+            return x.new_empty(*x.shape[:-1], self.out_features)
+        q, sx = quantize_rows(rows)
+        acc = torch._int_mm(q, self.q_t)
+        return dequant_rows(acc, sx, self.scale, bias, x.dtype).view(*x.shape[:-1], self.out_features)

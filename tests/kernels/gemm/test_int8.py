@@ -1,0 +1,114 @@
+"""W8A8 int8 products: the C row passes equal their torch references bit for bit, the int32 product is
+exact, and the result approximates the float product within int8's resolution."""
+import pytest
+import torch
+from torch.nn import functional as F
+
+from kernels.gemm import int8, linear
+from runtime.model.layers import Linear
+from tests.conftest import save_tiny_model
+
+pytestmark = pytest.mark.skipif(not int8.available(), reason="torch without _int_mm")
+needs_kernels = pytest.mark.skipif(not int8.kernels_available(), reason="needs AVX-512 BF16 and a C compiler")
+
+SHAPES = [(1, 576), (3, 100), (7, 17), (300, 1536), (2048, 64)]  # 16-lane tails; both thread paths
+
+
+def rows(m, k, seed=0):
+    x = (torch.randn(m, k, generator=torch.Generator().manual_seed(seed)) * 3).bfloat16()
+    x[0, :] = 0  # a row of zeros: scale 0, zeros out
+    return x
+
+
+@needs_kernels
+@pytest.mark.parametrize("m,k", SHAPES)
+def test_quantize_rows_matches_the_reference(m, k):
+    x = rows(m, k)
+    q, s = int8.quantize_rows(x)
+    q_ref, s_ref = int8.quantize_ref(x)
+    assert q.dtype == torch.int8 and torch.equal(q, q_ref) and torch.equal(s, s_ref)
+    assert s[0] == 0 and not q[0].any()
+    assert (q[1:].abs().amax(-1) == int8.QMAX).all()  # each nonzero row reaches the full range
+
+
+@needs_kernels
+@pytest.mark.parametrize("m,n", SHAPES)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_dequant_rows_matches_the_reference(m, n, with_bias):
+    g = torch.Generator().manual_seed(1)
+    acc = torch.randint(-(1 << 20), 1 << 20, (m, n), generator=g, dtype=torch.int32)
+    sx, sw = torch.rand(m, generator=g) / 100, torch.rand(n, generator=g) / 100
+    bias = torch.randn(n, generator=g).bfloat16() if with_bias else None
+    assert torch.equal(int8.dequant_rows(acc, sx, sw, bias, torch.bfloat16),
+                       int8.dequant_ref(acc, sx, sw, bias, torch.bfloat16))
+
+
+def test_int_mm_is_exact():
+    g = torch.Generator().manual_seed(2)
+    a = torch.randint(-127, 128, (37, 1536), generator=g, dtype=torch.int8)
+    w = torch.randint(-127, 128, (200, 1536), generator=g, dtype=torch.int8)
+    assert torch.equal(torch._int_mm(a, w.t()).long(), a.long() @ w.t().long())
+
+
+@pytest.mark.parametrize("m", [1, 5, 64, 300])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_int8_linear_approximates_the_float_product(m, dtype):
+    g = torch.Generator().manual_seed(m)
+    w, b = torch.randn(96, 576, generator=g), torch.randn(96, generator=g)
+    x = torch.randn(m, 576, generator=g).to(dtype)
+    weight = int8.Int8Weight(w)
+    y = weight.apply(x, b.to(dtype))
+    assert y.dtype == dtype and y.shape == (m, 96)
+    exact = F.linear(x.double(), w.double(), b.double())
+    # one int8 step of x and of w per element: about 1/127 of the rows' largest values, summed over K
+    scale = x.double().abs().amax(-1, keepdim=True) * w.double().abs().amax(-1) * 576 ** 0.5 / 127
+    assert ((y.double() - exact).abs() / scale).max() < 1.0
+    assert (y.double() - exact).abs().max() / exact.abs().max() < 0.02
+    q, sx = int8.quantize_ref(x)  # and it is exactly the scheme of the module docstring
+    assert torch.equal(y, int8.dequant_ref(torch._int_mm(q, weight.q_t), sx, weight.scale, b.to(dtype), dtype))
+
+
+def test_leading_dims_empty_input_and_errors():
+    weight = int8.Int8Weight(torch.randn(32, 48))
+    x = torch.randn(2, 5, 48).bfloat16()
+    assert torch.equal(weight.apply(x), weight.apply(x.reshape(10, 48)).view(2, 5, 32))
+    assert weight.apply(torch.randn(0, 48).bfloat16()).shape == (0, 32)
+    assert linear(x, None, None, weight).shape == (2, 5, 32)
+    with pytest.raises(ValueError, match="48 features"):
+        weight.apply(torch.randn(2, 40).bfloat16())
+    with pytest.raises(ValueError, match="floating-point CPU matrix"):
+        int8.Int8Weight(torch.randn(4))
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_quantized_model_holds_int8_layers_and_stays_close(tied, tmp_path):
+    """quantization="int8" quantizes the layers' linears from the fp32 weights; the embedding and the lm_head
+    keep the model's dtype; the layers' outputs stay within int8's error of the unquantized model's."""
+    from runtime.model import loader
+
+    directory = save_tiny_model("llama", tmp_path / "m", seed=3, tie_word_embeddings=tied)
+    quant = loader.load_model(str(directory), "bfloat16", skip_tokenizer=True, quantization="int8").model
+    plain = loader.load_model(str(directory), "float32", skip_tokenizer=True).model
+    layers = [m for m in quant.model.modules() if isinstance(m, Linear)]
+    assert layers and all(m.weight is None and isinstance(m.packed, int8.Int8Weight) for m in layers)
+    assert quant.model.embed_tokens.weight.dtype == torch.bfloat16
+    if not tied:
+        assert not isinstance(quant.lm_head.packed, int8.Int8Weight)
+    assert quant.num_parameters() == plain.num_parameters()
+    hidden = torch.randn(33, plain.cfg.hidden_size, generator=torch.Generator().manual_seed(0))
+    want = plain.model.layers["0"].mlp(hidden)
+    got = quant.model.layers["0"].mlp(hidden.bfloat16()).float()
+    assert (got - want).abs().max() / want.abs().max() < 0.05
+    assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0) > 0.999
+
+
+def test_an_unknown_quantization_is_refused(tmp_path):
+    from runtime.config import EngineConfig
+    from runtime.errors import ModelLoadError
+    from runtime.model import loader
+
+    with pytest.raises(ValueError, match="quantization must be one of"):
+        EngineConfig.from_engine_args(None, quantization="int4")
+    directory = save_tiny_model("llama", tmp_path / "m")
+    with pytest.raises(ModelLoadError, match="quantization must be one of"):
+        loader.load_model(str(directory), "bfloat16", skip_tokenizer=True, quantization="fp8")
