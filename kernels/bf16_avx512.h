@@ -60,4 +60,9 @@ static inline __m512 exp512(__m512 x) {
     return _mm512_scalef_ps(p, k);
 }
 
+/* silu(g) = g / (1 + e^-g) in fp32, rounded to bf16 as torch's bf16 F.silu rounds it. */
+static inline __m512 silu_bf16(__m512 g) {
+    return round_bf16(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), g)))));
+}
+
 #endif

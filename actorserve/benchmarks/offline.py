@@ -17,7 +17,8 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    p.add_argument("--kv-cache-memory", type=int, default=1 << 30)
+    p.add_argument("--kv-cache-memory", type=int, default=2 << 30,
+                   help="bytes (default 2 GiB: 256 sequences of 256 tokens of SmolLM2 in bf16 take 1.5 GB)")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)

@@ -52,9 +52,7 @@ void rms_norm_bf16(const uint16_t *x, const uint16_t *d, uint16_t *h, const uint
 static void silu_mul_row(const uint16_t *gu, uint16_t *y, int64_t n) {
     for (int64_t i = 0; i < n; i += 16) {
         __mmask16 m = tail_mask(n, i);
-        __m512 g = load_bf16(gu + i, m), u = load_bf16(gu + n + i, m);
-        __m512 s = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), g))));
-        store_bf16(y + i, _mm512_mul_ps(round_bf16(s), u), m);
+        store_bf16(y + i, _mm512_mul_ps(silu_bf16(load_bf16(gu + i, m)), load_bf16(gu + n + i, m)), m);
     }
 }
 

@@ -2,28 +2,39 @@
  * takes four to six operators:
  *   quantize_rows_bf16: s = amax(|x|) / 127; q = sat8(rne(x * (127 / amax)))   (q = 0 where amax is 0)
  *   dequant_rows_bf16:  y = bf16(acc * sx[row] * sw[col] (+ bias[col]))         (left to right, in fp32)
- * Both are the torch reference sequences of int8.py operation for operation, so results match to the bit.
+ *   silu_mul_quantize_rows: dequant_rows of a gate_up product [g | u], then silu_mul (the elementwise
+ *       kernel's bf16 sequence), then quantize_rows: the MLP's middle in one pass, with no bf16 rows
+ *       written between the two int8 products
+ * Each is the torch reference sequence of int8.py operation for operation, so results match to the bit.
  * Needs AVX-512 BF16 (vcvtneps2bf16); the caller checks the CPU.
  */
 #include <math.h>
 #include <omp.h>
+#include <stdlib.h>
 
 #include "../bf16_avx512.h"
 
 #define PAR_MIN_ELEMS 65536 /* below this one thread does the rows: a parallel region costs more */
 
+/* The row's scale (amax / 127) into *scale; the multiplier that maps the row onto [-127, 127]. */
+static inline __m512 row_scale(float amax, float *scale) {
+    *scale = amax / 127.0f;
+    return _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+}
+
+/* cvtps_epi32 rounds to nearest even under the default MXCSR, as torch.round does; then saturate. */
+static inline void store_int8(int8_t *q, __m512 v, __m512 inv, __mmask16 m) {
+    _mm_mask_storeu_epi8(q, m, _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v, inv))));
+}
+
 static void quantize_row(const uint16_t *x, int64_t k, int8_t *q, float *scale) {
     __m512 amax = _mm512_setzero_ps();
     for (int64_t i = 0; i < k; i += 16)
         amax = _mm512_max_ps(amax, _mm512_abs_ps(load_bf16(x + i, tail_mask(k, i))));
-    const float a = _mm512_reduce_max_ps(amax);
-    *scale = a / 127.0f;
-    const __m512 inv = _mm512_set1_ps(a > 0.0f ? 127.0f / a : 0.0f);
+    const __m512 inv = row_scale(_mm512_reduce_max_ps(amax), scale);
     for (int64_t i = 0; i < k; i += 16) {
         __mmask16 m = tail_mask(k, i);
-        /* cvtps_epi32 rounds to nearest even under the default MXCSR, as torch.round does */
-        __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(load_bf16(x + i, m), inv));
-        _mm_mask_storeu_epi8(q + i, m, _mm512_cvtsepi32_epi8(v));
+        store_int8(q + i, load_bf16(x + i, m), inv, m);
     }
 }
 
@@ -58,4 +69,45 @@ void dequant_rows_bf16(const int32_t *acc, const float *sx, const float *sw, con
     }
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t r = 0; r < rows; r++) dequant_row(acc + r * n, n, sx[r], sw, bias, y + r * n);
+}
+
+static void silu_mul_quantize_row(const int32_t *acc, int64_t n, float sx, const float *sw, float *h, int8_t *q,
+                                  float *scale) {
+    const __m512 s = _mm512_set1_ps(sx);
+    __m512 amax = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n, i);
+        __m512 g = _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(m, acc + i));
+        __m512 u = _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(m, acc + n + i));
+        g = round_bf16(_mm512_mul_ps(_mm512_mul_ps(g, s), _mm512_maskz_loadu_ps(m, sw + i)));
+        u = round_bf16(_mm512_mul_ps(_mm512_mul_ps(u, s), _mm512_maskz_loadu_ps(m, sw + n + i)));
+        __m512 v = round_bf16(_mm512_mul_ps(silu_bf16(g), u));
+        _mm512_mask_storeu_ps(h + i, m, v);
+        amax = _mm512_mask_max_ps(amax, m, amax, _mm512_abs_ps(v));
+    }
+    const __m512 inv = row_scale(_mm512_reduce_max_ps(amax), scale);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n, i);
+        store_int8(q + i, _mm512_maskz_loadu_ps(m, h + i), inv, m);
+    }
+}
+
+/* acc [rows, 2n] int32 (gate then up), sx [rows], sw [2n] -> q [rows, n] int8 and scale [rows].
+ * Returns 0, or -1 where the row buffer could not be allocated. */
+int silu_mul_quantize_rows(const int32_t *acc, const float *sx, const float *sw, int8_t *q, float *scale,
+                           int64_t rows, int64_t n, int threads) {
+    int failed = 0;
+#pragma omp parallel num_threads(rows * n >= PAR_MIN_ELEMS && threads > 1 ? threads : 1)
+    {
+        float *h = (float *)malloc(sizeof(float) * (n > 0 ? n : 1));
+        if (!h) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++)
+            if (h) silu_mul_quantize_row(acc + r * 2 * n, n, sx[r], sw, h, q + r * n, scale + r);
+        free(h);
+    }
+    return failed ? -1 : 0;
 }

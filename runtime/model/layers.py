@@ -58,6 +58,13 @@ class GatedMLP(nn.Module):
         self.down_proj = Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up, down = self.gate_up_proj.packed, self.down_proj.packed
+        if isinstance(gate_up, Int8Weight) and isinstance(down, Int8Weight):
+            # int8 both sides: the activation runs on the int32 product and hands down_proj int8 rows
+            rows = x.reshape(-1, x.shape[-1])
+            acc, sx = gate_up.product(rows)
+            q, s = int8.silu_mul_quantize(acc, sx, gate_up.scale, x.dtype)
+            return down.apply_quantized(q, s, x.dtype).view(*x.shape[:-1], down.out_features)
         return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+from kernels.elementwise import silu_mul_ref
 from kernels.gemm import int8, linear
 from runtime.model.layers import Linear
 from tests.conftest import save_tiny_model
@@ -112,3 +113,29 @@ def test_an_unknown_quantization_is_refused(tmp_path):
     directory = save_tiny_model("llama", tmp_path / "m")
     with pytest.raises(ModelLoadError, match="quantization must be one of"):
         loader.load_model(str(directory), "bfloat16", skip_tokenizer=True, quantization="fp8")
+
+
+@pytest.mark.parametrize("m,n", [(1, 1536), (3, 17), (300, 1536), (2048, 64)])
+def test_fused_silu_mul_quantize_is_the_three_passes(m, n):
+    g = torch.Generator().manual_seed(m)
+    acc = torch.randint(-(1 << 16), 1 << 16, (m, 2 * n), generator=g, dtype=torch.int32)
+    sx, sw = torch.rand(m, generator=g) / 100, torch.rand(2 * n, generator=g) / 100
+    q, s = int8.silu_mul_quantize(acc, sx, sw, torch.bfloat16)
+    q_ref, s_ref = int8.silu_mul_quantize_ref(acc, sx, sw, torch.bfloat16)
+    assert torch.equal(q, q_ref) and torch.equal(s, s_ref)
+    # and the reference is what it says: dequantize, SiLU(gate) * up, quantize
+    h = F.silu(int8.dequant_ref(acc[:, :n], sx, sw[:n], None, torch.bfloat16)) * \
+        int8.dequant_ref(acc[:, n:], sx, sw[n:], None, torch.bfloat16)
+    assert torch.equal(q_ref, int8.quantize_ref(h)[0])
+
+
+def test_int8_mlp_fuses_the_middle_and_equals_the_unfused_layers(tmp_path):
+    from runtime.model import loader
+
+    directory = save_tiny_model("llama", tmp_path / "m", seed=5)
+    model = loader.load_model(str(directory), "bfloat16", skip_tokenizer=True, quantization="int8").model
+    mlp = model.model.layers["0"].mlp
+    x = torch.randn(2, 19, model.cfg.hidden_size, generator=torch.Generator().manual_seed(0)).bfloat16()
+    unfused = mlp.down_proj.packed.apply(silu_mul_ref(mlp.gate_up_proj.packed.apply(x)))
+    assert torch.equal(mlp(x), unfused)
+    assert mlp(x[:, :0]).shape == (2, 0, model.cfg.hidden_size)
