@@ -1,6 +1,7 @@
-"""The three bf16 product paths side by side on SmolLM2-135M's weight shapes: torch's ``F.linear`` on the
-plain weight, the same on a weight prepacked at load (``kernels.gemm.prepacked``), and the skinny kernel
-(``kernels.gemm.skinny``, up to 8 rows).
+"""The product paths side by side on SmolLM2-135M's weight shapes: torch's ``F.linear`` on the plain bf16
+weight, the same on a weight prepacked at load (``kernels.gemm.prepacked``), the skinny kernel
+(``kernels.gemm.skinny``, up to 8 rows), and the int8 product with its row passes (``kernels.gemm.int8``,
+``--quantization int8``; the layers only, as the lm_head is not quantized).
 
     .venv/bin/python bench/gemm_paths.py [--rows 1 2 4 8 16 32 64 256]
 
@@ -16,7 +17,7 @@ import time
 import torch
 from torch.nn import functional as F
 
-from kernels.gemm import prepacked, skinny
+from kernels.gemm import int8, prepacked, skinny
 
 SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)]  # (in, out): qkv, o, gate_up, down
 
@@ -38,12 +39,14 @@ def main() -> None:
     args = ap.parse_args()
     weights = [torch.randn(n, k).bfloat16() for _ in range(30) for (k, n) in SHAPES]
     packed = [prepacked.PackedWeight(w) for w in weights] if prepacked.available() else None
+    quantized = [int8.Int8Weight(w) for w in weights] if int8.available() else None
     head = torch.randn(49152, 576).bfloat16()
     head_packed = prepacked.PackedWeight(head) if packed else None
     size = sum(w.numel() * 2 for w in weights)
     print(f"{len(weights)} weights, {size / 1e6:.0f} MB bf16, {torch.get_num_threads()} threads; "
           f"prepacked: {packed is not None}, skinny kernel: {skinny.available()}")
-    print("rows | 120 linears: plain ms | prepacked ms | skinny ms | lm_head: plain ms | prepacked ms | skinny ms")
+    print("rows | 120 linears: plain ms | prepacked ms | skinny ms | int8 ms "
+          "| lm_head: plain ms | prepacked ms | skinny ms")
     nan = float("nan")
     for m in args.rows:
         xs = {k: torch.randn(m, k).bfloat16() for k, _ in SHAPES}
@@ -53,11 +56,12 @@ def main() -> None:
               if packed else nan)
         sk = (_time(lambda: [skinny.skinny_linear(xs[w.shape[1]], w) for w in weights], repeat)
               if skinny.available() and m <= skinny.MAX_ROWS else nan)
+        i8 = _time(lambda: [q.apply(xs[q.in_features]) for q in quantized], repeat) if quantized else nan
         h_plain = _time(lambda: F.linear(xs[576], head), repeat)
         h_pk = _time(lambda: prepacked.packed_linear(xs[576], head_packed), repeat) if packed else nan
         h_sk = (_time(lambda: skinny.skinny_linear(xs[576], head), repeat)
                 if skinny.available() and m <= skinny.MAX_ROWS else nan)
-        print(f"{m:4d} | {plain * 1e3:8.2f} | {pk * 1e3:8.2f} | {sk * 1e3:8.2f} | {h_plain * 1e3:8.2f} "
+        print(f"{m:4d} | {plain * 1e3:8.2f} | {pk * 1e3:8.2f} | {sk * 1e3:8.2f} | {i8 * 1e3:8.2f} | {h_plain * 1e3:8.2f} "
               f"| {h_pk * 1e3:8.2f} | {h_sk * 1e3:8.2f}")
 
 
