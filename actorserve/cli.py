@@ -13,6 +13,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--quantization", "-q", default=None, choices=["int8"],
                    help="int8: the layers' weights as int8, activations quantized per row (W8A8, approximate)")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="run every step through the model's modules (no decode fast path), as vLLM's flag")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
@@ -23,7 +25,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def _engine_kwargs(a: argparse.Namespace) -> dict:
-    return dict(dtype=a.dtype, quantization=a.quantization, max_model_len=a.max_model_len,
+    return dict(dtype=a.dtype, quantization=a.quantization, enforce_eager=a.enforce_eager, max_model_len=a.max_model_len,
                 max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens, kv_cache_memory=a.kv_cache_memory,
                 enable_prefix_caching=not a.no_prefix_caching, seed=a.seed,
                 pipeline_parallel_size=a.pipeline_parallel_size)

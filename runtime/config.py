@@ -30,6 +30,8 @@ class ModelConfig:
     seed: int = 0
     skip_tokenizer_init: bool = False
     quantization: Optional[str] = None  # one of QUANTIZATIONS; the layers' linears, applied at load
+    # vLLM's switch off the captured decode step: here the decode fast path (runtime.model.decode_fast_path)
+    enforce_eager: bool = False
 
     def validate(self) -> None:
         if self.dtype not in _DTYPES:

@@ -48,7 +48,7 @@ def load_worker(config: EngineConfig, with_tokenizer: bool, pp_rank: int = 0,
                          f"{loaded.cfg.max_position_embeddings}")
     per_block = kv_bytes_per_block(loaded.cfg, config.cache.block_size, loaded.model.dtype)
     blocks = num_kv_blocks(loaded, config, per_block)
-    runner = ModelRunner(loaded.model, blocks, config.cache.block_size, seed=m.seed)
+    runner = ModelRunner(loaded.model, blocks, config.cache.block_size, seed=m.seed, fast_decode=not m.enforce_eager)
     log.info("KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB)", blocks, config.cache.block_size,
              blocks * config.cache.block_size, blocks * per_block / 2**20)
     return runner, model_facts(loaded, config, blocks), loaded

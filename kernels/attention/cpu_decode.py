@@ -26,7 +26,8 @@ MAX_GROUP, MAX_HEAD_DIM = 16, 256  # as in the C source
 
 
 _library = CpuKernelLibrary(SOURCE, {
-    "paged_decode_bf16": (ctypes.c_int, [ctypes.c_void_p] * 4 + [ctypes.c_int64] + [ctypes.c_void_p] * 2
+    "paged_decode_bf16": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64]
+                          + [ctypes.c_void_p] * 2
                           + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int]),
     "write_kv_bf16": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int64] * 2 + [ctypes.c_void_p] + [ctypes.c_int64] * 3
                       + [ctypes.c_void_p] * 2 + [ctypes.c_int64]),
@@ -35,6 +36,12 @@ _library = CpuKernelLibrary(SOURCE, {
 
 def available() -> bool:
     return _library.get() is not None
+
+
+def library() -> Optional[ctypes.CDLL]:
+    """The built library with its signatures declared, for callers that plan a whole step on raw pointers
+    (``runtime.model.decode_fast_path``); None where it is not available."""
+    return _library.get()
 
 
 def supports(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
@@ -57,16 +64,23 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         raise ValueError("paged_decode: contiguous caches, and int64 block tables and lengths of one row per query")
     if b and int(seq_lens.max()) > block_tables.shape[1] * block_size:
         raise ValueError("paged_decode: a sequence is longer than its block table")
-    return _launch(lib, q.contiguous(), k_cache, v_cache, block_tables.contiguous(), seq_lens.contiguous(), scale)
+    return _launch(lib, _heads_contiguous(q), k_cache, v_cache, block_tables.contiguous(), seq_lens.contiguous(),
+                   scale)
+
+
+def _heads_contiguous(q: torch.Tensor) -> torch.Tensor:
+    """q itself where its heads are contiguous (rows may be strided), else a contiguous copy."""
+    return q if q.stride(2) == 1 and q.stride(1) == q.shape[2] else q.contiguous()
 
 
 def _launch(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
             lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """The kernel call on inputs already checked (``paged_decode``, or once per step in ``prepare``)."""
+    """The kernel call on inputs already checked (``paged_decode``, or once per step in ``prepare``); q's
+    heads contiguous."""
     kvh, num_blocks, block_size, d = k_cache.shape
     b, h, _ = q.shape
-    out = torch.empty_like(q)
-    args = (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), tables.shape[1],
+    out = torch.empty(b, h, d, dtype=q.dtype)
+    args = (q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), tables.shape[1],
             lens.data_ptr(), out.data_ptr(), b, h, kvh, num_blocks, block_size, d, scale, torch.get_num_threads())
     rc = call(PROFILE_NAME, lib.paged_decode_bf16, *args)
     if rc != 0:
@@ -133,7 +147,7 @@ class CpuDecodeBackend(TorchRefBackend):
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         group = plan.group
         # the tables and lengths were checked once for the step, in prepare; the caches are the runner's own
-        decoded = _launch(_library.get(), q[group.token_start:group.token_end].contiguous(), k_cache, v_cache,
+        decoded = _launch(_library.get(), _heads_contiguous(q[group.token_start:group.token_end]), k_cache, v_cache,
                           plan.block_tables, plan.seq_lens, scale)
         if meta.prefill is None:
             return decoded

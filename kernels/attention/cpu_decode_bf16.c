@@ -118,8 +118,10 @@ static void one(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_ca
     }
 }
 
-/* Returns 0, or -1 where the shapes are outside what this kernel takes (the caller checks first). */
-int paged_decode_bf16(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
+/* q [B, H, D] with contiguous heads and rows q_row_stride elements apart (the q columns of a fused q|k
+ * output need no copy); out [B, H, D] contiguous. Returns 0, or -1 where the shapes are outside what this
+ * kernel takes (the caller checks first). */
+int paged_decode_bf16(const uint16_t *q, int64_t q_row_stride, const uint16_t *k_cache, const uint16_t *v_cache,
                       const int64_t *block_tables, int64_t table_stride, const int64_t *seq_lens, uint16_t *out,
                       int64_t B, int64_t H, int64_t KVH, int64_t NB, int64_t BS, int64_t D, float scale,
                       int threads) {
@@ -143,7 +145,7 @@ int paged_decode_bf16(const uint16_t *q, const uint16_t *k_cache, const uint16_t
             const int64_t b = item / KVH, h = item % KVH;
             const int64_t len = seq_lens[b];
             if (len <= 0) continue;
-            one(q + (b * H + h * G) * D, k_cache, v_cache, block_tables + b * table_stride, len,
+            one(q + b * q_row_stride + h * G * D, k_cache, v_cache, block_tables + b * table_stride, len,
                 out + (b * H + h * G) * D, G, NB, BS, D, h, scale, scores);
         }
         free(scores);

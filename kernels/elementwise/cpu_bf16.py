@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -26,6 +27,12 @@ _library = CpuKernelLibrary(SOURCE, {
 
 def available() -> bool:
     return _library.get() is not None
+
+
+def library() -> Optional[ctypes.CDLL]:
+    """The built library with its signatures declared, for callers that plan a whole step on raw pointers
+    (``runtime.model.decode_fast_path``); None where it is not available."""
+    return _library.get()
 
 
 def applies(x: torch.Tensor, *others: torch.Tensor) -> bool:

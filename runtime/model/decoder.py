@@ -56,10 +56,17 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, x, rope, kv_cache, meta, backend):
-        x, normed = self.post_attention_layernorm.add_forward(
-            x, self.self_attn(self.input_layernorm(x), rope, kv_cache, meta, backend))
-        return x + self.mlp(normed)
+    def forward(self, x, residual, rope, kv_cache, meta, backend):
+        """The residual stream is ``residual + x`` (just ``x`` at the first layer, where residual is None):
+        each sublayer's output is added in the next norm's fused pass, as vLLM does, so a layer costs no
+        separate add. Returns this layer's (mlp output, residual), whose sum is the stream after it."""
+        if residual is None:
+            residual, normed = x, self.input_layernorm(x)
+        else:
+            residual, normed = self.input_layernorm.add_forward(residual, x)
+        residual, normed = self.post_attention_layernorm.add_forward(
+            residual, self.self_attn(normed, rope, kv_cache, meta, backend))
+        return self.mlp(normed), residual
 
 
 @dataclass(frozen=True)
@@ -79,12 +86,12 @@ class Stage:
         start = sum(counts[:rank])
         return cls(start, start + counts[rank], rank == 0, rank == size - 1)
 
-    def owns(self, name: str) -> bool:
+    def owns(self, name: str, tied_embeddings: bool) -> bool:
         """Whether the HF-named parameter belongs to this stage."""
         if name.startswith("model.layers."):
             return self.start <= int(name.split(".")[2]) < self.end
         if name.startswith("model.embed_tokens."):
-            return self.first or self.last  # the last stage may need it as a tied lm_head
+            return self.first or (self.last and tied_embeddings)  # the last stage's lm_head, where tied
         return self.last  # model.norm, lm_head
 
 
@@ -158,9 +165,14 @@ class CausalLM(nn.Module):
         """``meta`` is the attention backend's plan of the step (``backend.prepare``)."""
         x = self.model.embed_tokens(input_ids) if self.stage.first else hidden_in
         rope = self.rotary.table(positions, x.dtype)
+        residual = None
         for layer, kv in zip(self.model.layers.values(), kv_caches):
-            x = layer(x, rope, kv, meta, backend)
-        return self.model.norm(x) if self.stage.last else x
+            x, residual = layer(x, residual, rope, kv, meta, backend)
+        if residual is None:  # a stage without layers
+            return self.model.norm(x) if self.stage.last else x
+        if self.stage.last:
+            return self.model.norm.add_forward(residual, x)[1]
+        return residual + x
 
     def prepack(self) -> int:
         """Put every linear's weight in the prepacked layout where that path takes it (bf16 on CPU); a tied

@@ -72,7 +72,7 @@ def load_model(model: Optional[str], dtype: str = "float32", max_positions: Opti
     with torch.device("meta"):
         net = CausalLM(cfg, positions, stage)
     net = net.to_empty(device=device).to(torch.float32 if quantization else _DTYPES[dtype])
-    wanted = lambda name: name == gguf_weights.ROPE_FREQS or stage.owns(name)  # noqa: E731
+    wanted = lambda name: name == gguf_weights.ROPE_FREQS or stage.owns(name, cfg.tie_word_embeddings)  # noqa: E731
     if reader is not None:
         tensors = gguf_weights.iter_tensors(reader, cfg, wanted)
     else:

@@ -13,6 +13,7 @@ import torch
 from kernels.attention import AttentionMetadata, SequenceGroup, TorchRefBackend, cpu_decode
 from runtime.engine.batch import ModelRunnerOutput, ScheduledChunk, SchedulerOutput
 from runtime.model.arch_config import ArchConfig
+from runtime.model.decode_fast_path import DecodeFastPath
 from runtime.model.decoder import CausalLM
 from runtime.model.sampler import Sampler, SamplingRow
 
@@ -33,7 +34,7 @@ class ModelInputs:
 
 class ModelRunner:
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int, seed: int = 0,
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", fast_decode: bool = True) -> None:
         cfg = model.cfg
         self.model = model
         self.block_size = block_size
@@ -45,6 +46,8 @@ class ModelRunner:
         self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=self.device),
                            torch.zeros(shape, dtype=dtype, device=self.device))
                           for _ in range(model.num_local_layers)]
+        # decode-only steps skip module dispatch where the model's kernels allow (None: every step eager)
+        self.fast_decode = DecodeFastPath.build(model, self.backend) if fast_decode else None
         self.sampler = Sampler(seed)
         self._rows: dict[str, SamplingRow] = {}
 
@@ -86,6 +89,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run_layers(self, inputs: ModelInputs, hidden_in: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if self.fast_decode is not None and self.fast_decode.applies(inputs.meta):
+            return self.fast_decode(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, hidden_in)
         return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, self.backend, hidden_in)
 
     @torch.inference_mode()

@@ -53,6 +53,17 @@ def test_matches_fp64_attention(kvh, g, d, bs):
     torch.testing.assert_close(out.double(), want, atol=1e-2, rtol=8e-3)
 
 
+def test_strided_query_rows_are_read_in_place():
+    """q as the q columns of a fused q|k output (rows strided, heads contiguous) gives the contiguous answer."""
+    q, k_cache, v_cache, tables, seq_lens = make_case([5, 70, 33], 3, 3, 64, 16)
+    wide = torch.randn(q.shape[0], q.shape[1] + 3, q.shape[2]).to(torch.bfloat16)
+    wide[:, :q.shape[1]] = q
+    strided = wide[:, :q.shape[1]]
+    assert not strided.is_contiguous()
+    out = cpu_decode.paged_decode(strided, k_cache, v_cache, tables, seq_lens, 0.125)
+    assert torch.equal(out, cpu_decode.paged_decode(q, k_cache, v_cache, tables, seq_lens, 0.125))
+
+
 def test_peaked_scores_stay_finite_and_pick_their_key():
     """Large logits (a query aligned with one key) must not overflow the exponent."""
     q, k_cache, v_cache, tables, seq_lens = make_case([40], 1, 2, 64, 16)

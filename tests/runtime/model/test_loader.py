@@ -138,3 +138,13 @@ def test_unknown_tensor_and_bad_shape_are_errors(tmp_path):
     save_file(state, str(hf_dir / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(ModelLoadError, match="model.norm.weight"):
         load_model(str(hf_dir), skip_tokenizer=True)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_last_pipeline_stage_reads_the_embedding_only_where_tied(tied, tmp_path):
+    """An untied checkpoint's last stage has its own lm_head and no embedding table to fill."""
+    directory = save_tiny_model("llama", tmp_path / "m", num_hidden_layers=2, tie_word_embeddings=tied)
+    last = load_model(str(directory), skip_tokenizer=True, pp_rank=1, pp_size=2).model
+    assert (last.model.embed_tokens is not None) == tied and (last.lm_head is None) == tied
+    first = load_model(str(directory), skip_tokenizer=True, pp_rank=0, pp_size=2).model
+    assert first.model.embed_tokens is not None and first.lm_head is None

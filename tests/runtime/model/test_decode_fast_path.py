@@ -1,0 +1,118 @@
+"""The decode fast path computes the module path's hidden states bit for bit, serves decode-only steps
+only, and is switched off by ``enforce_eager``."""
+import pytest
+import torch
+
+from kernels.attention import cpu_decode
+from kernels.elementwise import cpu_bf16
+from runtime.engine.batch import ScheduledChunk, SchedulerOutput
+from runtime.model import loader
+from runtime.model.decode_fast_path import DecodeFastPath
+from runtime.model.runner import ModelRunner
+from tests.conftest import save_tiny_model
+
+pytestmark = pytest.mark.skipif(not (cpu_bf16.available() and cpu_decode.available()),
+                                reason="needs a CPU with AVX-512 BF16 and a C compiler")
+
+# head_dim 32, the smallest the decode kernel takes
+SHAPE = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3)
+
+
+def _model_dir(tmp_path, kind, **overrides):
+    return save_tiny_model(kind, tmp_path / kind, seed=5, **{**SHAPE, **overrides})
+
+
+def _runner(directory, quantization=None, pp_rank=0, pp_size=1, fast_decode=True):
+    model = loader.load_model(str(directory), "bfloat16", skip_tokenizer=True, max_positions=256,
+                              pp_rank=pp_rank, pp_size=pp_size, quantization=quantization).model
+    return ModelRunner(model, num_blocks=64, block_size=16, fast_decode=fast_decode)
+
+
+def _steps(prompt_lens, decode_steps, seed=0):
+    """A prefill step of every prompt, then decode steps of all of them with made-up next tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens = [torch.randint(0, 384, (n,), generator=gen).tolist() for n in prompt_lens]
+    blocks = [list(range(8 * i, 8 * i + 8)) for i in range(len(prompt_lens))]
+    chunks = [ScheduledChunk(f"r{i}", t, 0, b, True) for i, (t, b) in enumerate(zip(tokens, blocks))]
+    yield SchedulerOutput(0, [], chunks, [])
+    for s in range(decode_steps):
+        nxt = torch.randint(0, 384, (len(prompt_lens),), generator=gen).tolist()
+        chunks = [ScheduledChunk(f"r{i}", [nxt[i]], prompt_lens[i] + s, blocks[i], True)
+                  for i in range(len(prompt_lens))]
+        yield SchedulerOutput(1 + s, [], chunks, [])
+
+
+def _compare(runner, prompt_lens=(3, 17, 40), decode_steps=4, hidden_in_of=None):
+    """Run the steps; at every decode step the fast path's output must equal the module path's."""
+    assert runner.fast_decode is not None
+    compared = 0
+    for batch in _steps(prompt_lens, decode_steps):
+        inputs = runner.prepare_inputs(batch)
+        hidden_in = None if hidden_in_of is None else hidden_in_of(inputs)
+        with torch.inference_mode():
+            eager = runner.model(inputs.input_ids, inputs.positions, runner.kv_caches, inputs.meta, runner.backend,
+                                 hidden_in)
+        if runner.fast_decode.applies(inputs.meta):
+            fast = runner.fast_decode(inputs.input_ids, inputs.positions, runner.kv_caches, inputs.meta, hidden_in)
+            assert fast.dtype == torch.bfloat16 and torch.equal(fast, eager)
+            compared += 1
+    assert compared == decode_steps
+
+
+@pytest.mark.parametrize("kind,overrides", [
+    ("llama", dict(tie_word_embeddings=True)),
+    ("qwen2", dict()),  # qkv bias
+    ("qwen3", dict(head_dim=32)),  # q/k norms
+])
+def test_fast_path_is_the_module_path(tmp_path, kind, overrides):
+    _compare(_runner(_model_dir(tmp_path, kind, **overrides)))
+
+
+def test_fast_path_is_the_module_path_with_int8_weights(tmp_path):
+    runner = _runner(_model_dir(tmp_path, "llama"), quantization="int8")
+    _compare(runner)
+
+
+@pytest.mark.parametrize("pp_rank", [0, 1])
+def test_pipeline_stages(tmp_path, pp_rank):
+    """The first stage ends on the residual stream; the last takes hidden states and normalises."""
+    runner = _runner(_model_dir(tmp_path, "llama"), pp_rank=pp_rank, pp_size=2)
+    gen = torch.Generator().manual_seed(1)
+    hidden_in = None if pp_rank == 0 else (
+        lambda inputs: torch.randn(len(inputs.input_ids), 128, generator=gen).bfloat16())
+    _compare(runner, hidden_in_of=hidden_in)
+
+
+def test_mixed_and_prefill_steps_take_the_module_path(tmp_path):
+    runner = _runner(_model_dir(tmp_path, "llama"))
+    steps = list(_steps((5, 9), 1))
+    prefill = runner.prepare_inputs(steps[0])
+    assert not runner.fast_decode.applies(prefill.meta)
+    decode = steps[1]
+    mixed = SchedulerOutput(2, [], list(decode.chunks) + [ScheduledChunk("r9", [1, 2, 3], 0, [40], True)], [])
+    assert not runner.fast_decode.applies(runner.prepare_inputs(mixed).meta)
+    assert runner.fast_decode.applies(runner.prepare_inputs(decode).meta)
+
+
+def test_gates(tmp_path):
+    directory = _model_dir(tmp_path, "llama")
+    assert _runner(directory, fast_decode=False).fast_decode is None  # enforce_eager
+    fp32 = loader.load_model(str(directory), "float32", skip_tokenizer=True, max_positions=256).model
+    assert ModelRunner(fp32, num_blocks=8, block_size=16).fast_decode is None
+    assert DecodeFastPath.build(fp32, object()) is None
+
+
+def test_engine_tokens_do_not_depend_on_the_path(tmp_path):
+    """Greedy tokens of the engine with and without the fast path, through ``LLM(enforce_eager=...)``."""
+    from actorserve import LLM, SamplingParams
+
+    directory = _model_dir(tmp_path, "llama")
+    prompts = [{"prompt_token_ids": list(range(1 + i, 9 + 3 * i))} for i in range(5)]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    outs = {}
+    for eager in (False, True):
+        llm = LLM(str(directory), dtype="bfloat16", skip_tokenizer_init=True, kv_cache_memory=16 << 20,
+                  max_model_len=256, enforce_eager=eager)
+        assert (llm.engine.executor.fast_decode is None) == eager
+        outs[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert outs[False] == outs[True]
