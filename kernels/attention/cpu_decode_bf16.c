@@ -17,6 +17,9 @@
 /* The next block of a sequence lies anywhere in the pool, where the hardware prefetcher does not look:
  * fetching the one after next while this block is read made the kernel 1.5-1.9x as fast on shuffled
  * blocks (and about 1.2x on contiguous ones). */
+#ifndef AHEAD
+#define AHEAD 2 /* blocks fetched ahead of the one being read */
+#endif
 static inline void prefetch_block(const uint16_t *p, int64_t elems) {
     for (int64_t i = 0; i < elems; i += 32) _mm_prefetch((const char *)(p + i), _MM_HINT_T0);
 }
@@ -37,40 +40,52 @@ static inline __m512 sum16(const __m512 v[16]) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xdd));
 }
 
-static void one(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, const int64_t *table,
-                int64_t len, uint16_t *out, int64_t G, int64_t NB, int64_t BS, int64_t D, int64_t kvh,
-                float scale, float *scores /* [G, len rounded up to 16] */) {
+/* One (sequence, KV head). Inlined into clones with G and D constant (``one_fixed``), so that the loops
+ * over heads and columns unroll and the accumulators live in registers: with them in memory (runtime G
+ * and D) every multiply-add of pass 2 went through the stack, and the kernel ran at about half the
+ * machine's memory bandwidth. Pass 1 keeps 16 partial sums of one head at a time; pass 2 tiles the heads
+ * by 4 and the columns by 64, at most 16 accumulators, re-reading a tile's value rows from cache. */
+static inline __attribute__((always_inline)) void one_impl(
+        const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, const int64_t *table, int64_t len,
+        uint16_t *out, const int64_t G, int64_t NB, int64_t BS, const int64_t D, int64_t kvh, float scale,
+        float *scores /* [G, len rounded up to 16] */) {
     const int64_t stride = (len + 15) / 16 * 16;
     const int64_t head_base = kvh * NB * BS * D;
     /* pass 1: scores[g, t] = scale * q_g . k_t, 16 keys at a time (one horizontal reduction per 16) */
     const __m512 vscale = _mm512_set1_ps(scale);
-    __m512 part[MAX_G][16];
     for (int64_t t0 = 0; t0 < len; t0 += BS) {
-        const int64_t blk = table[t0 / BS];
-        const uint16_t *kb = k_cache + head_base + blk * BS * D;
+        const uint16_t *kb = k_cache + head_base + table[t0 / BS] * BS * D;
         const int64_t n = len - t0 < BS ? len - t0 : BS;
-        if (t0 == 0 && BS < len) prefetch_block(k_cache + head_base + table[1] * BS * D, BS * D);
-        if (t0 + 2 * BS < len) prefetch_block(k_cache + head_base + table[t0 / BS + 2] * BS * D, BS * D);
+        /* the value rows are fetched beside the keys, so that pass 2 reads them from cache */
+        if (t0 == 0) {
+            prefetch_block(v_cache + head_base + table[0] * BS * D, n * D);
+            for (int64_t k = 1; k < AHEAD && k * BS < len; k++) {
+                prefetch_block(k_cache + head_base + table[k] * BS * D, BS * D);
+                prefetch_block(v_cache + head_base + table[k] * BS * D, BS * D);
+            }
+        }
+        if (t0 + AHEAD * BS < len) {
+            prefetch_block(k_cache + head_base + table[t0 / BS + AHEAD] * BS * D, BS * D);
+            prefetch_block(v_cache + head_base + table[t0 / BS + AHEAD] * BS * D, BS * D);
+        }
         for (int64_t i0 = 0; i0 < n; i0 += 16) {
             const int64_t m = n - i0 < 16 ? n - i0 : 16;
-            for (int64_t j = 0; j < 16; j++) {
-                if (j >= m) {
-                    for (int64_t g = 0; g < G; g++) part[g][j] = _mm512_setzero_ps();
-                    continue;
-                }
-                const uint16_t *kr = kb + (i0 + j) * D;
-                for (int64_t g = 0; g < G; g++) {
-                    const uint16_t *qg = q + g * D;
+            for (int64_t g = 0; g < G; g++) {
+                const uint16_t *qg = q + g * D;
+                __m512 part[16];
+                for (int64_t j = 0; j < 16; j++) {
                     __m512 acc = _mm512_setzero_ps();
-                    for (int64_t d = 0; d < D; d += 32)
-                        acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(qg + d),
-                                               (__m512bh)_mm512_loadu_si512(kr + d));
-                    part[g][j] = acc;
+                    if (j < m) {
+                        const uint16_t *kr = kb + (i0 + j) * D;
+                        for (int64_t d = 0; d < D; d += 32)
+                            acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(qg + d),
+                                                   (__m512bh)_mm512_loadu_si512(kr + d));
+                    }
+                    part[j] = acc;
                 }
-            }
-            for (int64_t g = 0; g < G; g++)
                 _mm512_mask_storeu_ps(scores + g * stride + t0 + i0, tail_mask(m, 0),
-                                      _mm512_mul_ps(sum16(part[g]), vscale));
+                                      _mm512_mul_ps(sum16(part), vscale));
+            }
         }
     }
     /* softmax per head, fp32; the padded tail of each row is zero */
@@ -89,33 +104,68 @@ static void one(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_ca
         __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
         for (int64_t t = 0; t < stride; t += 16) _mm512_storeu_ps(s + t, _mm512_mul_ps(_mm512_loadu_ps(s + t), inv));
     }
-    /* pass 2: out_g = sum_t p[g, t] v_t, fp32 accumulators */
-    __m512 acc[MAX_G][MAX_D / 16];
-    const int64_t dv = D / 16;
-    for (int64_t g = 0; g < G; g++)
-        for (int64_t j = 0; j < dv; j++) acc[g][j] = _mm512_setzero_ps();
-    for (int64_t t0 = 0; t0 < len; t0 += BS) {
-        const int64_t blk = table[t0 / BS];
-        const uint16_t *vb = v_cache + head_base + blk * BS * D;
-        const int64_t n = len - t0 < BS ? len - t0 : BS;
-        if (t0 == 0 && BS < len) prefetch_block(v_cache + head_base + table[1] * BS * D, BS * D);
-        if (t0 + 2 * BS < len) prefetch_block(v_cache + head_base + table[t0 / BS + 2] * BS * D, BS * D);
-        for (int64_t i = 0; i < n; i++) {
-            const uint16_t *vr = vb + i * D;
-            for (int64_t j = 0; j < dv; j++) {
-                __m512 v = load_bf16(vr + j * 16, 0xffff);
-                for (int64_t g = 0; g < G; g++)
-                    acc[g][j] = _mm512_fmadd_ps(_mm512_set1_ps(scores[g * stride + t0 + i]), v, acc[g][j]);
+    /* pass 2: out_g = sum_t p[g, t] v_t, fp32 accumulators, per tile of up to 4 heads x 64 columns */
+    for (int64_t g0 = 0; g0 < G; g0 += 4) {
+        const int64_t gt = G - g0 < 4 ? G - g0 : 4;
+        for (int64_t c0 = 0; c0 < D; c0 += 64) {
+            const int64_t ct = (D - c0 < 64 ? D - c0 : 64) / 16;
+            __m512 acc[4][4];
+            for (int64_t g = 0; g < 4; g++)
+                for (int64_t j = 0; j < 4; j++) acc[g][j] = _mm512_setzero_ps();
+            for (int64_t t0 = 0; t0 < len; t0 += BS) {
+                const uint16_t *vb = v_cache + head_base + table[t0 / BS] * BS * D + c0;
+                const int64_t n = len - t0 < BS ? len - t0 : BS;
+                const float *p = scores + g0 * stride + t0;
+                for (int64_t i = 0; i < n; i++) {
+                    const uint16_t *vr = vb + i * D;
+                    for (int64_t j = 0; j < 4; j++) {
+                        if (j >= ct) break;
+                        __m512 v = load_bf16(vr + j * 16, 0xffff);
+                        for (int64_t g = 0; g < 4; g++) {
+                            if (g >= gt) break;
+                            acc[g][j] = _mm512_fmadd_ps(_mm512_set1_ps(p[g * stride + i]), v, acc[g][j]);
+                        }
+                    }
+                }
             }
+            for (int64_t g = 0; g < gt; g++)
+                for (int64_t j = 0; j < ct; j++) {
+                    float tmp[16];
+                    _mm512_storeu_ps(tmp, acc[g][j]);
+                    for (int e = 0; e < 16; e++) out[(g0 + g) * D + c0 + j * 16 + e] = to_bf16(tmp[e]);
+                }
         }
     }
-    for (int64_t g = 0; g < G; g++) {
-        float tmp[16];
-        for (int64_t j = 0; j < dv; j++) {
-            _mm512_storeu_ps(tmp, acc[g][j]);
-            for (int e = 0; e < 16; e++) out[g * D + j * 16 + e] = to_bf16(tmp[e]);
-        }
+}
+
+#define ONE_FIXED(g, d)                                                                                       \
+    static void one_g##g##_d##d(const uint16_t *q, const uint16_t *kc, const uint16_t *vc, const int64_t *tb,  \
+                                int64_t len, uint16_t *out, int64_t NB, int64_t BS, int64_t kvh, float scale,  \
+                                float *scores) {                                                              \
+        one_impl(q, kc, vc, tb, len, out, g, NB, BS, d, kvh, scale, scores);                                   \
     }
+ONE_FIXED(1, 64) ONE_FIXED(2, 64) ONE_FIXED(3, 64) ONE_FIXED(4, 64) ONE_FIXED(5, 64) ONE_FIXED(6, 64)
+ONE_FIXED(7, 64) ONE_FIXED(8, 64)
+ONE_FIXED(1, 128) ONE_FIXED(2, 128) ONE_FIXED(3, 128) ONE_FIXED(4, 128) ONE_FIXED(5, 128) ONE_FIXED(6, 128)
+ONE_FIXED(7, 128) ONE_FIXED(8, 128)
+
+typedef void (*one_fn)(const uint16_t *, const uint16_t *, const uint16_t *, const int64_t *, int64_t, uint16_t *,
+                       int64_t, int64_t, int64_t, float, float *);
+
+/* The clone for (G, D), or 0: those shapes take the generic body. */
+static one_fn one_fixed(int64_t G, int64_t D) {
+    static const one_fn d64[8] = {one_g1_d64, one_g2_d64, one_g3_d64, one_g4_d64,
+                                  one_g5_d64, one_g6_d64, one_g7_d64, one_g8_d64};
+    static const one_fn d128[8] = {one_g1_d128, one_g2_d128, one_g3_d128, one_g4_d128,
+                                   one_g5_d128, one_g6_d128, one_g7_d128, one_g8_d128};
+    if (G < 1 || G > 8) return 0;
+    return D == 64 ? d64[G - 1] : D == 128 ? d128[G - 1] : 0;
+}
+
+static void one(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, const int64_t *table,
+                int64_t len, uint16_t *out, int64_t G, int64_t NB, int64_t BS, int64_t D, int64_t kvh,
+                float scale, float *scores) {
+    one_impl(q, k_cache, v_cache, table, len, out, G, NB, BS, D, kvh, scale, scores);
 }
 
 /* q [B, H, D] with contiguous heads and rows q_row_stride elements apart (the q columns of a fused q|k
@@ -131,6 +181,7 @@ int paged_decode_bf16(const uint16_t *q, int64_t q_row_stride, const uint16_t *k
     for (int64_t b = 0; b < B; b++) max_len = seq_lens[b] > max_len ? seq_lens[b] : max_len;
     const int64_t per_item = G * ((max_len + 15) / 16 * 16);
     if (threads < 1) threads = 1;
+    const one_fn fixed = one_fixed(G, D);
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
@@ -145,8 +196,19 @@ int paged_decode_bf16(const uint16_t *q, int64_t q_row_stride, const uint16_t *k
             const int64_t b = item / KVH, h = item % KVH;
             const int64_t len = seq_lens[b];
             if (len <= 0) continue;
-            one(q + b * q_row_stride + h * G * D, k_cache, v_cache, block_tables + b * table_stride, len,
-                out + (b * H + h * G) * D, G, NB, BS, D, h, scale, scores);
+            if (item + 1 < B * KVH) { /* the next item's first keys, while this one is attended */
+                const int64_t nb = (item + 1) / KVH, nh = (item + 1) % KVH, nlen = seq_lens[nb];
+                const int64_t *nt = block_tables + nb * table_stride;
+                for (int64_t k = 0; k < 2 && k * BS < nlen; k++)
+                    prefetch_block(k_cache + nh * NB * BS * D + nt[k] * BS * D,
+                                   (nlen - k * BS < BS ? nlen - k * BS : BS) * D);
+            }
+            if (fixed)
+                fixed(q + b * q_row_stride + h * G * D, k_cache, v_cache, block_tables + b * table_stride, len,
+                      out + (b * H + h * G) * D, NB, BS, h, scale, scores);
+            else
+                one(q + b * q_row_stride + h * G * D, k_cache, v_cache, block_tables + b * table_stride, len,
+                    out + (b * H + h * G) * D, G, NB, BS, D, h, scale, scores);
         }
         free(scores);
     }
