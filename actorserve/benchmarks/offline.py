@@ -126,20 +126,21 @@ def _host_share(engine, args, params) -> float:
     """Fraction of a decode step's wall time not spent computing inside operators (torch's, oneDNN's, our
     C kernels'): Python, dispatch, allocations and views.
 
-    The wall time is of steps run without the profiler, whose own cost per recorded operator would
-    otherwise be counted as ours; the operator time is of as many steps right after, profiled: the self
-    time of every operator except those that move no data (``_METADATA_OPS``; ``aten::to`` and
-    ``contiguous`` keep their copies, which are recorded as ``aten::copy_``). The profiler's cost inside a
-    recorded span still counts as operator time (about 1 us of an aten call, 2 us of one of our C calls),
-    so the share is if anything low. This machine's speed drifts, so that pair is taken five times and the
-    median share reported."""
+    Operator time is the self time of every operator except those that move no data (``_METADATA_OPS``;
+    ``aten::to`` and ``contiguous`` keep their copies, recorded as ``aten::copy_``), over the same profiled
+    steps whose wall time it is divided by. Timing the wall of unprofiled steps instead (as until the
+    third session of 2026-12-03) kept the profiler's own cost out of it, but compared steps taken a fraction of a second
+    apart on a machine whose speed drifts by more than the share: six such pairs of one process read 5% to
+    39%, the same-step share 13% to 16%. The profiler's work between operators counts as host time here
+    (so the share errs high); its work inside a span, about 1-2 us of an operator, counts as operator time.
+    The median of five rounds of six steps is reported."""
     import dataclasses
     import statistics
 
     from torch.profiler import ProfilerActivity, profile
 
     rounds, steps = 5, 6
-    host_params = dataclasses.replace(params, max_tokens=2 + rounds * 2 * steps + 2, ignore_eos=True)
+    host_params = dataclasses.replace(params, max_tokens=2 + rounds * steps + 2, ignore_eos=True)
     for i, p in enumerate(_prompts(args.batch_size, args.input_len, engine.facts.vocab_size, args.seed + 1)):
         engine.add_request(f"host-{i}", p["prompt_token_ids"], host_params)
     while not all(r.prompt_done for r in engine.scheduler.running) or engine.scheduler.waiting:
@@ -149,13 +150,11 @@ def _host_share(engine, args, params) -> float:
     kernels = ("aten::", "mkldnn::", "actorserve::")
     shares = []
     for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(steps):
-            engine.step()
-        wall = time.perf_counter() - start
         with profile(activities=[ProfilerActivity.CPU]) as prof:
+            start = time.perf_counter()
             for _ in range(steps):
                 engine.step()
+            wall = time.perf_counter() - start
         in_ops = sum(e.self_cpu_time_total for e in prof.key_averages()
                      if e.key.startswith(kernels) and e.key not in _METADATA_OPS) / 1e6
         shares.append(max(0.0, 1 - in_ops / wall))

@@ -44,6 +44,12 @@ def kernels_available() -> bool:
     return _library.get() is not None
 
 
+def library() -> Optional[ctypes.CDLL]:
+    """The built row passes with their signatures declared, for callers that plan a whole step on raw
+    pointers (``runtime.model.decode_fast_path``); None where they are not available."""
+    return _library.get()
+
+
 def quantize_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> (int8 [M, K], fp32 scales [M]); a row of zeros gets scale 0 and zeros."""
     xf = x.float()

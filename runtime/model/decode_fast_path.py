@@ -24,7 +24,7 @@ from torch.nn import functional as F
 
 from kernels.attention import cpu_decode
 from kernels.elementwise import cpu_bf16, rotary
-from kernels.gemm import Int8Weight, PackedWeight
+from kernels.gemm import Int8Weight, PackedWeight, int8
 from kernels.profiling import call
 from runtime.model.decoder import CausalLM, DecoderLayer
 from runtime.model.layers import Linear
@@ -33,13 +33,64 @@ Product = Callable[[torch.Tensor], torch.Tensor]
 
 
 def _product(linear: Linear) -> Product:
-    """The linear's product as one call on 2-D rows, straight to its weight's kernel where that is oneDNN's
-    prepacked bf16 (``packed_linear`` less its checks: the rows here are the plan's own contiguous bf16)."""
+    """The linear's product as one call on 2-D rows, straight to its weight's kernels where those are
+    oneDNN's prepacked bf16 or the int8 passes (``packed_linear`` and ``Int8Weight.apply`` less their
+    checks and reshapes: the rows here are the plan's own contiguous bf16)."""
     packed, bias = linear.packed, linear.bias
     if isinstance(packed, PackedWeight):
         op, tensor = torch.ops.mkldnn._linear_pointwise.default, packed.tensor
         return lambda rows: op(rows, tensor, bias, "none", [], "")
+    lib = int8.library()
+    if isinstance(packed, Int8Weight) and lib is not None and (bias is None or bias.dtype == torch.bfloat16):
+        quantize, dequant = _int8_quantize(lib, packed.in_features), lib.dequant_rows_bf16
+        q_t, sw, n = packed.q_t, packed.scale.data_ptr(), packed.out_features
+        bias_p = None if bias is None else bias.contiguous().data_ptr()
+
+        def product(rows: torch.Tensor) -> torch.Tensor:
+            q, sx = quantize(rows)
+            acc, t = torch._int_mm(q, q_t), rows.shape[0]
+            out = torch.empty(t, n, dtype=torch.bfloat16)
+            call("actorserve::dequant_rows_bf16", dequant, acc.data_ptr(), sx.data_ptr(), sw, bias_p, out.data_ptr(),
+                 t, n, torch.get_num_threads())
+            return out
+        return product
     return linear.forward
+
+
+def _int8_quantize(lib: ctypes.CDLL, k: int) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """``int8.quantize_rows`` of contiguous bf16 rows [T, k]."""
+    fn = lib.quantize_rows_bf16
+
+    def quantize(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        t = rows.shape[0]
+        q, sx = torch.empty(t, k, dtype=torch.int8), torch.empty(t, dtype=torch.float32)
+        call("actorserve::quantize_rows_bf16", fn, rows.data_ptr(), q.data_ptr(), sx.data_ptr(), t, k,
+             torch.get_num_threads())
+        return q, sx
+    return quantize
+
+
+def _int8_mlp(gate_up: Int8Weight, down: Int8Weight, lib: ctypes.CDLL) -> Product:
+    """``GatedMLP.forward`` with both linears int8 (the fused middle), on contiguous bf16 rows [T, hidden]."""
+    quantize, middle, dequant = _int8_quantize(lib, gate_up.in_features), lib.silu_mul_quantize_rows, lib.dequant_rows_bf16
+    gu_t, gu_s, inter = gate_up.q_t, gate_up.scale.data_ptr(), gate_up.out_features // 2
+    d_t, d_s, hidden = down.q_t, down.scale.data_ptr(), down.out_features
+
+    def mlp(rows: torch.Tensor) -> torch.Tensor:
+        t, threads = rows.shape[0], torch.get_num_threads()
+        q, sx = quantize(rows)
+        acc = torch._int_mm(q, gu_t)
+        q2, s2 = torch.empty(t, inter, dtype=torch.int8), torch.empty(t, dtype=torch.float32)
+        rc = call("actorserve::silu_mul_quantize_rows", middle, acc.data_ptr(), sx.data_ptr(), gu_s, q2.data_ptr(),
+                  s2.data_ptr(), t, inter, threads)
+        if rc != 0:
+            raise MemoryError("silu_mul_quantize_rows: no memory for a row buffer")
+        acc2 = torch._int_mm(q2, d_t)
+        out = torch.empty(t, hidden, dtype=torch.bfloat16)
+        call("actorserve::dequant_rows_bf16", dequant, acc2.data_ptr(), s2.data_ptr(), d_s, None, out.data_ptr(), t,
+             hidden, threads)
+        return out
+    return mlp
 
 
 @dataclass
@@ -88,12 +139,14 @@ class DecodeFastPath:
     def _plan(self, layer: DecoderLayer) -> _LayerPlan:
         attn, mlp = layer.self_attn, layer.mlp
         fused_int8 = isinstance(mlp.gate_up_proj.packed, Int8Weight) and isinstance(mlp.down_proj.packed, Int8Weight)
+        lib = int8.library()
+        whole = _int8_mlp(mlp.gate_up_proj.packed, mlp.down_proj.packed, lib) if fused_int8 and lib else mlp.forward
         return _LayerPlan(
             in_norm=layer.input_layernorm.weight.data_ptr(), post_norm=layer.post_attention_layernorm.weight.data_ptr(),
             eps_in=layer.input_layernorm.eps, eps_post=layer.post_attention_layernorm.eps,
             qkv=_product(attn.qkv_proj), o=_product(attn.o_proj),
             gate_up=None if fused_int8 else _product(mlp.gate_up_proj),
-            down=None if fused_int8 else _product(mlp.down_proj), mlp=mlp.forward,
+            down=None if fused_int8 else _product(mlp.down_proj), mlp=whole,
             q_norm=attn.q_norm, k_norm=attn.k_norm)
 
     @staticmethod
