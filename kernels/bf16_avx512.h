@@ -4,6 +4,7 @@
 #define ACTORSERVE_BF16_AVX512_H
 
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -58,6 +59,30 @@ static inline __m512 exp512(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
     p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     return _mm512_scalef_ps(p, k);
+}
+
+/* One row of RMSNorm, or of residual add + RMSNorm where d is given: h = bf16(x + d) (h may be x itself),
+ * y = bf16(w * bf16(h * rsqrt(mean(h^2) + eps))). Shared so that fused passes elsewhere (the int8
+ * layer seam) compute the elementwise kernel's bits. */
+static inline void norm_row(const uint16_t *x, const uint16_t *d, uint16_t *h, const uint16_t *w, uint16_t *y,
+                     int64_t n, float eps) {
+    __m512 ss = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n, i);
+        __m512 v = load_bf16(x + i, m);
+        if (d) {
+            v = round_bf16(_mm512_add_ps(v, load_bf16(d + i, m)));
+            store_bf16(h + i, v, m);
+        }
+        ss = _mm512_fmadd_ps(v, v, ss);
+    }
+    const __m512 r = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(ss) / (float)n + eps));
+    const uint16_t *src = d ? h : x;
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n, i);
+        __m512 v = round_bf16(_mm512_mul_ps(load_bf16(src + i, m), r));
+        store_bf16(y + i, _mm512_mul_ps(v, load_bf16(w + i, m)), m);
+    }
 }
 
 /* silu(g) = g / (1 + e^-g) in fp32, rounded to bf16 as torch's bf16 F.silu rounds it. */

@@ -15,27 +15,6 @@
 
 #define PAR_MIN_ELEMS 65536 /* below this one thread does the rows: a parallel region costs more */
 
-static void norm_row(const uint16_t *x, const uint16_t *d, uint16_t *h, const uint16_t *w, uint16_t *y,
-                     int64_t n, float eps) {
-    __m512 ss = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n; i += 16) {
-        __mmask16 m = tail_mask(n, i);
-        __m512 v = load_bf16(x + i, m);
-        if (d) {
-            v = round_bf16(_mm512_add_ps(v, load_bf16(d + i, m)));
-            store_bf16(h + i, v, m);
-        }
-        ss = _mm512_fmadd_ps(v, v, ss);
-    }
-    const __m512 r = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(ss) / (float)n + eps));
-    const uint16_t *src = d ? h : x;
-    for (int64_t i = 0; i < n; i += 16) {
-        __mmask16 m = tail_mask(n, i);
-        __m512 v = round_bf16(_mm512_mul_ps(load_bf16(src + i, m), r));
-        store_bf16(y + i, _mm512_mul_ps(v, load_bf16(w + i, m)), m);
-    }
-}
-
 /* x, y [rows, n]; d and h (both or neither) [rows, n]: h = x + d, normalised into y. */
 void rms_norm_bf16(const uint16_t *x, const uint16_t *d, uint16_t *h, const uint16_t *w, uint16_t *y,
                    int64_t rows, int64_t n, float eps, int threads) {

@@ -111,3 +111,32 @@ int silu_mul_quantize_rows(const int32_t *acc, const float *sx, const float *sw,
     }
     return failed ? -1 : 0;
 }
+
+/* The seam between two int8 products of a decoder layer, in one pass: the first product dequantized
+ * (dequant_rows), added into the residual stream and normalised (the elementwise kernel's add_rms_norm),
+ * and quantized for the next product (quantize_rows); only the residual is written in bf16.
+ * acc [rows, n] int32, sx [rows], sw [n], bias [n] bf16 or NULL; res_in, res_out [rows, n] bf16 (may be
+ * one buffer); w [n] -> q [rows, n] int8, scale [rows]. Returns 0, or -1 where the row buffers could not
+ * be allocated. */
+int dequant_add_norm_quantize_rows(const int32_t *acc, const float *sx, const float *sw, const uint16_t *bias,
+                                   const uint16_t *res_in, uint16_t *res_out, const uint16_t *w, float eps,
+                                   int8_t *q, float *scale, int64_t rows, int64_t n, int threads) {
+    int failed = 0;
+#pragma omp parallel num_threads(rows * n >= PAR_MIN_ELEMS && threads > 1 ? threads : 1)
+    {
+        uint16_t *y = (uint16_t *)malloc(sizeof(uint16_t) * 2 * (n > 0 ? n : 1));
+        if (!y) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            if (!y) continue;
+            dequant_row(acc + r * n, n, sx[r], sw, bias, y);
+            norm_row(res_in + r * n, y, res_out + r * n, w, y + n, n, eps);
+            quantize_row(y + n, n, q + r * n, scale + r);
+        }
+        free(y);
+    }
+    return failed ? -1 : 0;
+}

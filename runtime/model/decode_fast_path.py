@@ -29,42 +29,60 @@ from kernels.profiling import call
 from runtime.model.decoder import CausalLM, DecoderLayer
 from runtime.model.layers import Linear
 
-Product = Callable[[torch.Tensor], torch.Tensor]
+class _StepBuffers:
+    """The int8 products' operands and results for one step, allocated on first use and shared by every
+    layer: each is consumed within its layer (a down projection's by the next layer's first norm) before
+    the next layer writes it, and buffers are keyed by their role, so no two live ones alias. Four or five
+    allocations per product per layer become a dozen per step."""
+
+    def __init__(self, t: int) -> None:
+        self.t = t
+        self._buffers: dict[tuple[str, str], torch.Tensor] = {}
+
+    def get(self, role: str, name: str, width: int, dtype: torch.dtype) -> torch.Tensor:
+        buf = self._buffers.get((role, name))
+        if buf is None:
+            buf = self._buffers[(role, name)] = (torch.empty(self.t, width, dtype=dtype) if width
+                                                 else torch.empty(self.t, dtype=dtype))
+        return buf
 
 
-def _product(linear: Linear) -> Product:
+Product = Callable[[torch.Tensor, _StepBuffers], torch.Tensor]
+
+
+def _product(linear: Linear, role: str) -> Product:
     """The linear's product as one call on 2-D rows, straight to its weight's kernels where those are
     oneDNN's prepacked bf16 or the int8 passes (``packed_linear`` and ``Int8Weight.apply`` less their
     checks and reshapes: the rows here are the plan's own contiguous bf16)."""
     packed, bias = linear.packed, linear.bias
     if isinstance(packed, PackedWeight):
         op, tensor = torch.ops.mkldnn._linear_pointwise.default, packed.tensor
-        return lambda rows: op(rows, tensor, bias, "none", [], "")
+        return lambda rows, buffers: op(rows, tensor, bias, "none", [], "")
     lib = int8.library()
     if isinstance(packed, Int8Weight) and lib is not None and (bias is None or bias.dtype == torch.bfloat16):
-        quantize, dequant = _int8_quantize(lib, packed.in_features), lib.dequant_rows_bf16
+        quantize, dequant = _int8_quantize(lib, packed.in_features, role), lib.dequant_rows_bf16
         q_t, sw, n = packed.q_t, packed.scale.data_ptr(), packed.out_features
         bias_p = None if bias is None else bias.contiguous().data_ptr()
 
-        def product(rows: torch.Tensor) -> torch.Tensor:
-            q, sx = quantize(rows)
-            acc, t = torch._int_mm(q, q_t), rows.shape[0]
-            out = torch.empty(t, n, dtype=torch.bfloat16)
+        def product(rows: torch.Tensor, buffers: _StepBuffers) -> torch.Tensor:
+            q, sx = quantize(rows, buffers)
+            acc = torch._int_mm(q, q_t, out=buffers.get(role, "acc", n, torch.int32))
+            out = buffers.get(role, "out", n, torch.bfloat16)
             call("actorserve::dequant_rows_bf16", dequant, acc.data_ptr(), sx.data_ptr(), sw, bias_p, out.data_ptr(),
-                 t, n, torch.get_num_threads())
+                 rows.shape[0], n, torch.get_num_threads())
             return out
         return product
-    return linear.forward
+    return lambda rows, buffers: linear.forward(rows)
 
 
-def _int8_quantize(lib: ctypes.CDLL, k: int) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-    """``int8.quantize_rows`` of contiguous bf16 rows [T, k]."""
+def _int8_quantize(lib: ctypes.CDLL, k: int, role: str) -> Callable[[torch.Tensor, _StepBuffers],
+                                                                      tuple[torch.Tensor, torch.Tensor]]:
+    """``int8.quantize_rows`` of contiguous bf16 rows [T, k], into the role's buffers."""
     fn = lib.quantize_rows_bf16
 
-    def quantize(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        t = rows.shape[0]
-        q, sx = torch.empty(t, k, dtype=torch.int8), torch.empty(t, dtype=torch.float32)
-        call("actorserve::quantize_rows_bf16", fn, rows.data_ptr(), q.data_ptr(), sx.data_ptr(), t, k,
+    def quantize(rows: torch.Tensor, buffers: _StepBuffers) -> tuple[torch.Tensor, torch.Tensor]:
+        q, sx = buffers.get(role, "q", k, torch.int8), buffers.get(role, "sx", 0, torch.float32)
+        call("actorserve::quantize_rows_bf16", fn, rows.data_ptr(), q.data_ptr(), sx.data_ptr(), rows.shape[0], k,
              torch.get_num_threads())
         return q, sx
     return quantize
@@ -72,21 +90,21 @@ def _int8_quantize(lib: ctypes.CDLL, k: int) -> Callable[[torch.Tensor], tuple[t
 
 def _int8_mlp(gate_up: Int8Weight, down: Int8Weight, lib: ctypes.CDLL) -> Product:
     """``GatedMLP.forward`` with both linears int8 (the fused middle), on contiguous bf16 rows [T, hidden]."""
-    quantize, middle, dequant = _int8_quantize(lib, gate_up.in_features), lib.silu_mul_quantize_rows, lib.dequant_rows_bf16
+    quantize, middle, dequant = _int8_quantize(lib, gate_up.in_features, "mlp"), lib.silu_mul_quantize_rows, lib.dequant_rows_bf16
     gu_t, gu_s, inter = gate_up.q_t, gate_up.scale.data_ptr(), gate_up.out_features // 2
     d_t, d_s, hidden = down.q_t, down.scale.data_ptr(), down.out_features
 
-    def mlp(rows: torch.Tensor) -> torch.Tensor:
+    def mlp(rows: torch.Tensor, buffers: _StepBuffers) -> torch.Tensor:
         t, threads = rows.shape[0], torch.get_num_threads()
-        q, sx = quantize(rows)
-        acc = torch._int_mm(q, gu_t)
-        q2, s2 = torch.empty(t, inter, dtype=torch.int8), torch.empty(t, dtype=torch.float32)
+        q, sx = quantize(rows, buffers)
+        acc = torch._int_mm(q, gu_t, out=buffers.get("mlp", "acc", 2 * inter, torch.int32))
+        q2, s2 = buffers.get("mlp", "q2", inter, torch.int8), buffers.get("mlp", "s2", 0, torch.float32)
         rc = call("actorserve::silu_mul_quantize_rows", middle, acc.data_ptr(), sx.data_ptr(), gu_s, q2.data_ptr(),
                   s2.data_ptr(), t, inter, threads)
         if rc != 0:
             raise MemoryError("silu_mul_quantize_rows: no memory for a row buffer")
-        acc2 = torch._int_mm(q2, d_t)
-        out = torch.empty(t, hidden, dtype=torch.bfloat16)
+        acc2 = torch._int_mm(q2, d_t, out=buffers.get("mlp", "acc2", hidden, torch.int32))
+        out = buffers.get("mlp", "out", hidden, torch.bfloat16)
         call("actorserve::dequant_rows_bf16", dequant, acc2.data_ptr(), s2.data_ptr(), d_s, None, out.data_ptr(), t,
              hidden, threads)
         return out
@@ -108,6 +126,26 @@ class _LayerPlan:
     k_norm: Optional[torch.nn.Module]
 
 
+@dataclass
+class _Int8Layer:
+    """A layer's int8 weights (``Int8Weight.q_t`` and per-channel scales) for ``_int8_layers``."""
+
+    qkv_t: torch.Tensor
+    qkv_scales: torch.Tensor
+    qkv_bias_t: Optional[torch.Tensor]
+    o_t: torch.Tensor
+    o_scales: torch.Tensor
+    gate_up_t: torch.Tensor
+    gate_up_scales: torch.Tensor
+    down_t: torch.Tensor
+    down_scales: torch.Tensor
+
+    def __post_init__(self) -> None:  # the kernels' pointers, taken once
+        self.qkv_scale, self.o_scale = self.qkv_scales.data_ptr(), self.o_scales.data_ptr()
+        self.gate_up_scale, self.down_scale = self.gate_up_scales.data_ptr(), self.down_scales.data_ptr()
+        self.qkv_bias = None if self.qkv_bias_t is None else self.qkv_bias_t.data_ptr()
+
+
 class DecodeFastPath:
     """Built by ``build`` where every gate of the path holds; ``applies`` is checked each step."""
 
@@ -124,6 +162,8 @@ class DecodeFastPath:
         self.embed = model.model.embed_tokens.weight if model.stage.first else None
         self.final_norm = model.model.norm if model.stage.last else None
         self.layers = [self._plan(layer) for layer in model.model.layers.values()]
+        self.int8_lib = int8.library()
+        self.int8_layers = self._int8_weights(model) if self.int8_lib is not None else None
 
     @classmethod
     def build(cls, model: CausalLM, backend: object) -> Optional["DecodeFastPath"]:
@@ -140,14 +180,33 @@ class DecodeFastPath:
         attn, mlp = layer.self_attn, layer.mlp
         fused_int8 = isinstance(mlp.gate_up_proj.packed, Int8Weight) and isinstance(mlp.down_proj.packed, Int8Weight)
         lib = int8.library()
-        whole = _int8_mlp(mlp.gate_up_proj.packed, mlp.down_proj.packed, lib) if fused_int8 and lib else mlp.forward
+        whole = (_int8_mlp(mlp.gate_up_proj.packed, mlp.down_proj.packed, lib) if fused_int8 and lib
+                 else lambda rows, buffers: mlp.forward(rows))
         return _LayerPlan(
             in_norm=layer.input_layernorm.weight.data_ptr(), post_norm=layer.post_attention_layernorm.weight.data_ptr(),
             eps_in=layer.input_layernorm.eps, eps_post=layer.post_attention_layernorm.eps,
-            qkv=_product(attn.qkv_proj), o=_product(attn.o_proj),
-            gate_up=None if fused_int8 else _product(mlp.gate_up_proj),
-            down=None if fused_int8 else _product(mlp.down_proj), mlp=whole,
+            qkv=_product(attn.qkv_proj, "qkv"), o=_product(attn.o_proj, "o"),
+            gate_up=None if fused_int8 else _product(mlp.gate_up_proj, "gate_up"),
+            down=None if fused_int8 else _product(mlp.down_proj, "down"), mlp=whole,
             q_norm=attn.q_norm, k_norm=attn.k_norm)
+
+    @staticmethod
+    def _int8_weights(model: CausalLM) -> Optional[list["_Int8Layer"]]:
+        """Every layer's four int8 weights, or None unless all of them are int8 (o, gate_up and down
+        without bias, as the decoder builds them)."""
+        layers = []
+        for layer in model.model.layers.values():
+            attn, mlp = layer.self_attn, layer.mlp
+            linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            if not all(isinstance(m.packed, Int8Weight) for m in linears) or any(
+                    m.bias is not None for m in linears[1:]) or (
+                    attn.qkv_proj.bias is not None and attn.qkv_proj.bias.dtype != torch.bfloat16):
+                return None
+            qkv, o, gu, down = (m.packed for m in linears)
+            bias = attn.qkv_proj.bias
+            layers.append(_Int8Layer(qkv.q_t, qkv.scale, None if bias is None else bias.contiguous(), o.q_t, o.scale,
+                                     gu.q_t, gu.scale, down.q_t, down.scale))
+        return layers
 
     @staticmethod
     def applies(meta: object) -> bool:
@@ -161,76 +220,162 @@ class DecodeFastPath:
         """The stage's output, as ``CausalLM.forward`` returns it, for a step ``applies`` admits."""
         x = F.embedding(input_ids, self.embed) if self.embed is not None else hidden_in
         x = x.contiguous()
-        t, hidden, d = x.shape[0], self.hidden, self.head_dim
-        heads, kvh = self.heads, self.kv_heads
+        t, hidden = x.shape[0], self.hidden
         plan, slots = meta.decode, meta.slot_mapping
         if (x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != hidden or slots.shape != (t,)
                 or plan.group.token_end - plan.group.token_start != t or not slots.is_contiguous()):
             raise ValueError(f"DecodeFastPath: a decode-only step of bf16 rows [{t}, {hidden}], one slot and one "
                              f"sequence per token")
-        threads = torch.get_num_threads()
-        ew, at = self.ew, self.attn
-        cos, sin = self.cos[positions], self.sin[positions]  # [T, D], one row per token
-        cos_p, sin_p = cos.data_ptr(), sin.data_ptr()
-        cos3, sin3 = cos.view(t, 1, d), sin.view(t, 1, d)
-        # per-step buffers, reused by every layer (each is consumed before the next layer writes it)
-        normed, residual = torch.empty(t, hidden, dtype=torch.bfloat16), torch.empty(t, hidden, dtype=torch.bfloat16)
-        qk = torch.empty(t, heads + kvh, d, dtype=torch.bfloat16)
-        att = torch.empty(t, heads * d, dtype=torch.bfloat16)
+        step = _Step(self, t, positions, plan, slots)
+        residual = torch.empty(t, hidden, dtype=torch.bfloat16)  # the stream once the first add has written it
+        if self.int8_layers is not None:
+            delta = self._int8_layers(x, residual, kv_caches, step)
+        else:
+            delta = self._layers(x, residual, kv_caches, step)
+        if self.final_norm is not None:
+            final = torch.empty(t, hidden, dtype=torch.bfloat16)
+            call("actorserve::add_rms_norm_bf16", self.ew.rms_norm_bf16, residual.data_ptr(), delta.data_ptr(),
+                 residual.data_ptr(), self.final_norm.weight.data_ptr(), final.data_ptr(), t, hidden,
+                 self.final_norm.eps, step.threads)
+            return final
+        return residual + delta
+
+    def _layers(self, x: torch.Tensor, residual: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                step: "_Step") -> torch.Tensor:
+        """Every layer, on whatever products the layers hold; returns the last MLP's output (the residual
+        stream is then ``residual + it``)."""
+        ew, t, hidden, threads = self.ew, step.t, self.hidden, step.threads
+        normed = torch.empty(t, hidden, dtype=torch.bfloat16)
         act = torch.empty(t, self.intermediate, dtype=torch.bfloat16)
-        normed_p, res_p, qk_p, att_p, act_p = (b.data_ptr() for b in (normed, residual, qk, att, act))
-        tables, lens = plan.block_tables, plan.seq_lens
-        tables_p, tables_w, lens_p, slots_p = tables.data_ptr(), tables.shape[1], lens.data_ptr(), slots.data_ptr()
-        qk_stride, q_end = (heads + kvh) * d, self.q_size + self.kv_size
-        delta_p = None  # the previous sublayer's output, added into the residual by the next norm
+        normed_p, res_p, act_p = normed.data_ptr(), residual.data_ptr(), act.data_ptr()
+        buffers = _StepBuffers(t)
+        delta = None  # the previous sublayer's output, added into the residual by the next norm
         stream_p = x.data_ptr()  # the residual stream: x itself until the first add writes `residual`
         for lp, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            _, nb, bs, _ = k_cache.shape
-            if delta_p is None:
+            if delta is None:
                 call("actorserve::rms_norm_bf16", ew.rms_norm_bf16, stream_p, None, None, lp.in_norm, normed_p,
                      t, hidden, lp.eps_in, threads)
             else:
-                call("actorserve::add_rms_norm_bf16", ew.rms_norm_bf16, stream_p, delta_p, res_p, lp.in_norm,
-                     normed_p, t, hidden, lp.eps_in, threads)
+                call("actorserve::add_rms_norm_bf16", ew.rms_norm_bf16, stream_p, delta.data_ptr(), res_p,
+                     lp.in_norm, normed_p, t, hidden, lp.eps_in, threads)
                 stream_p = res_p
-            qkv = lp.qkv(normed)
-            qkv_p, qkv_stride = qkv.data_ptr(), qkv.stride(0)
-            if lp.q_norm is None:  # q and k are adjacent columns: rotate them together, as the module path
-                call("actorserve::rotary_bf16", ew.rotary_bf16, qkv_p, qkv_stride, cos_p, sin_p, qk_p, t,
-                     heads + kvh, d, threads)
-                q_p, q_stride, k_p, k_stride = qk_p, qk_stride, qk_p + heads * d * 2, qk_stride
-            else:
-                q = rotary(lp.q_norm.forward(qkv[:, :self.q_size].reshape(t, heads, d)), (cos3, sin3))
-                k = rotary(lp.k_norm.forward(qkv[:, self.q_size:q_end].reshape(t, kvh, d)), (cos3, sin3))
-                q_p, q_stride, k_p, k_stride = q.data_ptr(), heads * d, k.data_ptr(), kvh * d
-            rc = call("actorserve::write_kv_bf16", at.write_kv_bf16, k_p, k_stride, qkv_p + q_end * 2, qkv_stride,
-                      slots_p, t, kvh, d, k_cache.data_ptr(), v_cache.data_ptr(), nb * bs)
-            if rc != 0:
-                raise IndexError("write_kv: a slot is outside the KV cache")
-            rc = call(cpu_decode.PROFILE_NAME, at.paged_decode_bf16, q_p, q_stride, k_cache.data_ptr(),
-                      v_cache.data_ptr(), tables_p, tables_w, lens_p, att_p, t, heads, kvh, nb, bs, d, self.scale,
-                      threads)
-            if rc != 0:
-                raise RuntimeError(f"paged_decode_bf16 failed ({rc}): shapes outside the kernel, or out of memory")
-            o = lp.o(att)
+            self._attend(lp, lp.qkv(normed, buffers), k_cache, v_cache, step)
+            o = lp.o(step.att, buffers)
             call("actorserve::add_rms_norm_bf16", ew.rms_norm_bf16, stream_p, o.data_ptr(), res_p, lp.post_norm,
                  normed_p, t, hidden, lp.eps_post, threads)
             stream_p = res_p
             if lp.gate_up is None:
-                out = lp.mlp(normed)
+                delta = lp.mlp(normed, buffers)
             else:
-                gate_up = lp.gate_up(normed)
+                gate_up = lp.gate_up(normed, buffers)
                 call("actorserve::silu_mul_bf16", ew.silu_mul_bf16, gate_up.data_ptr(), act_p, t, self.intermediate,
                      threads)
-                out = lp.down(act)
-            delta_p = out.data_ptr()
-            delta = out  # held until the next norm has read it
-        if self.final_norm is not None:
-            final = torch.empty(t, hidden, dtype=torch.bfloat16)
-            call("actorserve::add_rms_norm_bf16", ew.rms_norm_bf16, stream_p, delta_p, res_p,
-                 self.final_norm.weight.data_ptr(), final.data_ptr(), t, hidden, self.final_norm.eps, threads)
-            return final
-        return residual + delta
+                delta = lp.down(act, buffers)
+        return delta
+
+    def _int8_layers(self, x: torch.Tensor, residual: torch.Tensor,
+                     kv_caches: list[tuple[torch.Tensor, torch.Tensor]], step: "_Step") -> torch.Tensor:
+        """Every layer with all four products int8: each product's result goes through the seam pass
+        (``int8.dequant_add_norm_quantize``) straight to the next product's int8 rows, so the norms' bf16
+        outputs are never written; the same operations as ``_layers``, in fewer calls."""
+        ew, lib, t, hidden, threads = self.ew, self.int8_lib, step.t, self.hidden, step.threads
+        inter, q_size = self.intermediate, self.q_size
+        i8, i32, f32, b16 = torch.int8, torch.int32, torch.float32, torch.bfloat16
+        q_h, s_h = torch.empty(t, hidden, dtype=i8), torch.empty(t, dtype=f32)  # the norms' rows, quantized
+        q_a, s_a = torch.empty(t, q_size, dtype=i8), torch.empty(t, dtype=f32)  # attention's, for o_proj
+        q_i, s_i = torch.empty(t, inter, dtype=i8), torch.empty(t, dtype=f32)  # the MLP middle's, for down
+        acc_qkv = torch.empty(t, q_size + 2 * self.kv_size, dtype=i32)
+        qkv = torch.empty(t, q_size + 2 * self.kv_size, dtype=b16)
+        acc_o, acc_gu, acc_d = (torch.empty(t, n, dtype=i32) for n in (hidden, 2 * inter, hidden))
+        q_h_p, s_h_p, q_a_p, s_a_p, q_i_p, s_i_p = (b.data_ptr() for b in (q_h, s_h, q_a, s_a, q_i, s_i))
+        acc_qkv_p, acc_o_p, acc_gu_p, acc_d_p = (b.data_ptr() for b in (acc_qkv, acc_o, acc_gu, acc_d))
+        qkv_p, res_p, att_p = qkv.data_ptr(), residual.data_ptr(), step.att.data_ptr()
+        stream_p = x.data_ptr()
+        previous = None  # the previous layer's plan, whose down product this layer's first seam finishes
+        for lp, w, (k_cache, v_cache) in zip(self.layers, self.int8_layers, kv_caches):
+            if previous is None:
+                normed = torch.empty(t, hidden, dtype=b16)
+                call("actorserve::rms_norm_bf16", ew.rms_norm_bf16, stream_p, None, None, lp.in_norm,
+                     normed.data_ptr(), t, hidden, lp.eps_in, threads)
+                call("actorserve::quantize_rows_bf16", lib.quantize_rows_bf16, normed.data_ptr(), q_h_p, s_h_p, t,
+                     hidden, threads)
+            else:
+                self._seam(acc_d_p, s_i_p, previous.down_scale, None, stream_p, res_p, lp.in_norm, lp.eps_in,
+                           q_h_p, s_h_p, step)
+                stream_p = res_p
+            torch._int_mm(q_h, w.qkv_t, out=acc_qkv)
+            call("actorserve::dequant_rows_bf16", lib.dequant_rows_bf16, acc_qkv_p, s_h_p, w.qkv_scale, w.qkv_bias,
+                 qkv_p, t, qkv.shape[1], threads)
+            self._attend(lp, qkv, k_cache, v_cache, step)
+            call("actorserve::quantize_rows_bf16", lib.quantize_rows_bf16, att_p, q_a_p, s_a_p, t, q_size, threads)
+            torch._int_mm(q_a, w.o_t, out=acc_o)
+            self._seam(acc_o_p, s_a_p, w.o_scale, None, stream_p, res_p, lp.post_norm, lp.eps_post, q_h_p, s_h_p,
+                       step)
+            stream_p = res_p
+            torch._int_mm(q_h, w.gate_up_t, out=acc_gu)
+            rc = call("actorserve::silu_mul_quantize_rows", lib.silu_mul_quantize_rows, acc_gu_p, s_h_p,
+                      w.gate_up_scale, q_i_p, s_i_p, t, inter, threads)
+            if rc != 0:
+                raise MemoryError("silu_mul_quantize_rows: no memory for a row buffer")
+            torch._int_mm(q_i, w.down_t, out=acc_d)
+            previous = w
+        delta = torch.empty(t, hidden, dtype=b16)
+        call("actorserve::dequant_rows_bf16", lib.dequant_rows_bf16, acc_d_p, s_i_p, previous.down_scale, None,
+             delta.data_ptr(), t, hidden, threads)
+        return delta
+
+    def _seam(self, acc_p: int, sx_p: int, sw_p: int, bias_p: Optional[int], res_in_p: int, res_out_p: int,
+              norm_p: int, eps: float, q_p: int, s_p: int, step: "_Step") -> None:
+        rc = call("actorserve::dequant_add_norm_quantize_rows", self.int8_lib.dequant_add_norm_quantize_rows, acc_p,
+                  sx_p, sw_p, bias_p, res_in_p, res_out_p, norm_p, eps, q_p, s_p, step.t, self.hidden, step.threads)
+        if rc != 0:
+            raise MemoryError("dequant_add_norm_quantize_rows: no memory for a row buffer")
+
+    def _attend(self, lp: _LayerPlan, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                step: "_Step") -> None:
+        """Rotary on q and k, the new k and v into the cache, and decode attention into ``step.att``."""
+        ew, at, t, d, threads = self.ew, self.attn, step.t, self.head_dim, step.threads
+        heads, kvh, q_end = self.heads, self.kv_heads, self.q_size + self.kv_size
+        _, nb, bs, _ = k_cache.shape
+        qkv_p, qkv_stride = qkv.data_ptr(), qkv.stride(0)
+        if lp.q_norm is None:  # q and k are adjacent columns: rotate them together, as the module path
+            call("actorserve::rotary_bf16", ew.rotary_bf16, qkv_p, qkv_stride, step.cos_p, step.sin_p, step.qk_p, t,
+                 heads + kvh, d, threads)
+            qk_stride = (heads + kvh) * d
+            q_p, q_stride, k_p, k_stride = step.qk_p, qk_stride, step.qk_p + heads * d * 2, qk_stride
+        else:
+            q = rotary(lp.q_norm.forward(qkv[:, :self.q_size].reshape(t, heads, d)), step.rope)
+            k = rotary(lp.k_norm.forward(qkv[:, self.q_size:q_end].reshape(t, kvh, d)), step.rope)
+            step.keep = (q, k)  # alive until the kernels below have read them
+            q_p, q_stride, k_p, k_stride = q.data_ptr(), heads * d, k.data_ptr(), kvh * d
+        rc = call("actorserve::write_kv_bf16", at.write_kv_bf16, k_p, k_stride, qkv_p + q_end * 2, qkv_stride,
+                  step.slots_p, t, kvh, d, k_cache.data_ptr(), v_cache.data_ptr(), nb * bs)
+        if rc != 0:
+            raise IndexError("write_kv: a slot is outside the KV cache")
+        rc = call(cpu_decode.PROFILE_NAME, at.paged_decode_bf16, q_p, q_stride, k_cache.data_ptr(), v_cache.data_ptr(),
+                  step.tables_p, step.tables_w, step.lens_p, step.att_p, t, heads, kvh, nb, bs, d, self.scale, threads)
+        if rc != 0:
+            raise RuntimeError(f"paged_decode_bf16 failed ({rc}): shapes outside the kernel, or out of memory")
+
+
+class _Step:
+    """What every layer of one step reads: the rotary rows, the attention plan's pointers, and the
+    attention buffers (each layer's are consumed before the next layer writes them)."""
+
+    def __init__(self, path: DecodeFastPath, t: int, positions: torch.Tensor, plan: cpu_decode.KernelDecodePlan,
+                 slots: torch.Tensor) -> None:
+        d = path.head_dim
+        self.t, self.threads = t, torch.get_num_threads()
+        self.cos, self.sin = path.cos[positions], path.sin[positions]  # [T, D], one row per token
+        self.cos_p, self.sin_p = self.cos.data_ptr(), self.sin.data_ptr()
+        self.rope = (self.cos.view(t, 1, d), self.sin.view(t, 1, d))
+        self.qk = torch.empty(t, path.heads + path.kv_heads, d, dtype=torch.bfloat16)
+        self.att = torch.empty(t, path.heads * d, dtype=torch.bfloat16)
+        self.qk_p, self.att_p = self.qk.data_ptr(), self.att.data_ptr()
+        self.tables, self.lens, self.slots = plan.block_tables, plan.seq_lens, slots
+        self.tables_p, self.tables_w = self.tables.data_ptr(), self.tables.shape[1]
+        self.lens_p, self.slots_p = self.lens.data_ptr(), slots.data_ptr()
+        self.keep: tuple = ()
 
 
 __all__ = ["DecodeFastPath"]

@@ -115,6 +115,23 @@ def test_an_unknown_quantization_is_refused(tmp_path):
         loader.load_model(str(directory), "bfloat16", skip_tokenizer=True, quantization="fp8")
 
 
+@needs_kernels
+@pytest.mark.parametrize("m,n", [(1, 576), (3, 17), (300, 576), (2048, 64)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_fused_seam_is_dequant_add_norm_quantize(m, n, with_bias):
+    """One pass equals dequant_rows, then the elementwise add_rms_norm, then quantize_rows, to the bit."""
+    g = torch.Generator().manual_seed(m + n)
+    acc = torch.randint(-(1 << 16), 1 << 16, (m, n), generator=g, dtype=torch.int32)
+    sx, sw = torch.rand(m, generator=g) / 100, torch.rand(n, generator=g) / 100
+    bias = torch.randn(n, generator=g).bfloat16() if with_bias else None
+    residual, weight = rows(m, n, seed=2), (torch.rand(n, generator=g) + 0.5).bfloat16()
+    before = residual.clone()
+    h, q, s = int8.dequant_add_norm_quantize(acc, sx, sw, bias, residual, weight, 1e-5)
+    h_ref, q_ref, s_ref = int8.dequant_add_norm_quantize_ref(acc, sx, sw, bias, residual, weight, 1e-5)
+    assert torch.equal(h, h_ref) and torch.equal(q, q_ref) and torch.equal(s, s_ref)
+    assert torch.equal(residual, before) and not torch.equal(h, residual)  # h is the new stream
+
+
 @pytest.mark.parametrize("m,n", [(1, 1536), (3, 17), (300, 1536), (2048, 64)])
 def test_fused_silu_mul_quantize_is_the_three_passes(m, n):
     g = torch.Generator().manual_seed(m)

@@ -68,8 +68,12 @@ def test_fast_path_is_the_module_path(tmp_path, kind, overrides):
     _compare(_runner(_model_dir(tmp_path, kind, **overrides)))
 
 
-def test_fast_path_is_the_module_path_with_int8_weights(tmp_path):
-    runner = _runner(_model_dir(tmp_path, "llama"), quantization="int8")
+@pytest.mark.parametrize("kind,overrides", [("llama", dict(tie_word_embeddings=True)), ("qwen2", dict()),
+                                            ("qwen3", dict(head_dim=32))])
+def test_fast_path_is_the_module_path_with_int8_weights(tmp_path, kind, overrides):
+    """All four products int8: the seams between them run as single passes (``_int8_layers``)."""
+    runner = _runner(_model_dir(tmp_path, kind, **overrides), quantization="int8")
+    assert runner.fast_decode.int8_layers is not None
     _compare(runner)
 
 
