@@ -169,10 +169,14 @@ static void one(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_ca
 }
 
 /* q [B, H, D] with contiguous heads and rows q_row_stride elements apart (the q columns of a fused q|k
- * output need no copy); out [B, H, D] contiguous. Returns 0, or -1 where the shapes are outside what this
- * kernel takes (the caller checks first). */
+ * output need no copy); out [B, H, D] contiguous. Query row b attends over the first seq_lens[b] cached
+ * tokens of the sequence whose block table is row row_seq[b] of block_tables (row b where row_seq is
+ * NULL): several query rows may share a sequence, each with its own length, which makes a prefill chunk's
+ * causal attention (its K/V written to the cache first). Returns 0, or -1 where the shapes are outside
+ * what this kernel takes (the caller checks first). */
 int paged_decode_bf16(const uint16_t *q, int64_t q_row_stride, const uint16_t *k_cache, const uint16_t *v_cache,
-                      const int64_t *block_tables, int64_t table_stride, const int64_t *seq_lens, uint16_t *out,
+                      const int64_t *block_tables, int64_t table_stride, const int64_t *row_seq,
+                      const int64_t *seq_lens, uint16_t *out,
                       int64_t B, int64_t H, int64_t KVH, int64_t NB, int64_t BS, int64_t D, float scale,
                       int threads) {
     const int64_t G = H / KVH;
@@ -190,24 +194,26 @@ int paged_decode_bf16(const uint16_t *q, int64_t q_row_stride, const uint16_t *k
 #pragma omp atomic write
             failed = 1;
         }
-#pragma omp for schedule(static)
+        /* chunks of 16 items dealt in turn: a prefill chunk's rows grow in length, so halves would not balance */
+#pragma omp for schedule(static, 16)
         for (int64_t item = 0; item < B * KVH; item++) {
             if (!scores) continue;
             const int64_t b = item / KVH, h = item % KVH;
             const int64_t len = seq_lens[b];
+            const int64_t *table = block_tables + (row_seq ? row_seq[b] : b) * table_stride;
             if (len <= 0) continue;
             if (item + 1 < B * KVH) { /* the next item's first keys, while this one is attended */
                 const int64_t nb = (item + 1) / KVH, nh = (item + 1) % KVH, nlen = seq_lens[nb];
-                const int64_t *nt = block_tables + nb * table_stride;
+                const int64_t *nt = block_tables + (row_seq ? row_seq[nb] : nb) * table_stride;
                 for (int64_t k = 0; k < 2 && k * BS < nlen; k++)
                     prefetch_block(k_cache + nh * NB * BS * D + nt[k] * BS * D,
                                    (nlen - k * BS < BS ? nlen - k * BS : BS) * D);
             }
             if (fixed)
-                fixed(q + b * q_row_stride + h * G * D, k_cache, v_cache, block_tables + b * table_stride, len,
+                fixed(q + b * q_row_stride + h * G * D, k_cache, v_cache, table, len,
                       out + (b * H + h * G) * D, NB, BS, h, scale, scores);
             else
-                one(q + b * q_row_stride + h * G * D, k_cache, v_cache, block_tables + b * table_stride, len,
+                one(q + b * q_row_stride + h * G * D, k_cache, v_cache, table, len,
                     out + (b * H + h * G) * D, G, NB, BS, D, h, scale, scores);
         }
         free(scores);

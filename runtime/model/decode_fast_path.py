@@ -353,7 +353,7 @@ class DecodeFastPath:
         if rc != 0:
             raise IndexError("write_kv: a slot is outside the KV cache")
         rc = call(cpu_decode.PROFILE_NAME, at.paged_decode_bf16, q_p, q_stride, k_cache.data_ptr(), v_cache.data_ptr(),
-                  step.tables_p, step.tables_w, step.lens_p, step.att_p, t, heads, kvh, nb, bs, d, self.scale, threads)
+                  step.tables_p, step.tables_w, None, step.lens_p, step.att_p, t, heads, kvh, nb, bs, d, self.scale, threads)
         if rc != 0:
             raise RuntimeError(f"paged_decode_bf16 failed ({rc}): shapes outside the kernel, or out of memory")
 

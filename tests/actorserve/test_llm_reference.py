@@ -37,21 +37,28 @@ def test_string_prompts_keep_input_order(smollm):
     assert all(len(o.outputs[0].token_ids) == 4 and o.finished for o in outs)
 
 
-def test_bfloat16_follows_the_fp32_reference_until_rounding_tips_a_near_tie(greedy_reference):
-    """bf16 (prepacked oneDNN products, the C decode attention and fused norms) cannot be exact against
-    fp32, but a broken kernel shows at once: the first 8 greedy tokens of every prompt agree with the fp32
-    reference, in the batch and alone. Past those, bf16 is not batch-invariant (oneDNN blocks a product
-    of 1 row differently from one of 3, as vLLM's kernels do by default), so near-ties may tip either way."""
+def test_bfloat16_ranks_the_fp32_reference_tokens_first_up_to_rounding(greedy_reference):
+    """bf16 (prepacked oneDNN products, the C attention and fused norms) cannot be exact against fp32, but a
+    broken kernel shows at once. Fed the reference's own tokens, at each of the first 8 positions of every
+    prompt bf16 ranks the fp32 reference's token first, or within 0.15 nats of its first: about one bf16
+    step of logits near 20, so a near-tie may tip either way (after "What is the capital of France?" fp32
+    puts "The" 0.08 nats above "L"; bf16 rounds both logits to one value). In one batch and alone."""
     from actorserve import LLM
 
     llm = LLM(dtype="bfloat16", kv_cache_memory=128 << 20, max_model_len=2048)
     refs = greedy_reference["prompts"]
-    batch = llm.generate([{"prompt_token_ids": r["prompt_ids"]} for r in refs], GREEDY, use_tqdm=False)
-    for out, ref in zip(batch, refs):
-        assert out.outputs[0].token_ids[:8] == ref["output_ids"][:8], ref["user_prompt"]
-    for ref in refs:
-        alone = llm.generate({"prompt_token_ids": ref["prompt_ids"]}, GREEDY, use_tqdm=False)[0]
-        assert alone.outputs[0].token_ids[:8] == ref["output_ids"][:8], ref["user_prompt"]
+    cases = [(ref, k) for ref in refs for k in range(8)]
+    params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=5)
+    prompts = [{"prompt_token_ids": ref["prompt_ids"] + ref["output_ids"][:k]} for ref, k in cases]
+    batch = llm.generate(prompts, params, use_tqdm=False)
+    alone = [llm.generate(p, params, use_tqdm=False)[0] for p in prompts[::8]]
+    exact = 0
+    for (ref, k), out in [*zip(cases, batch), *zip(cases[::8], alone)]:
+        ranked = out.outputs[0].logprobs[0]
+        want, top = ref["output_ids"][k], max(lp.logprob for lp in ranked.values())
+        assert want in ranked and ranked[want].logprob >= top - 0.15, (ref["user_prompt"], k, ranked)
+        exact += out.outputs[0].token_ids[0] == want
+    assert exact >= 0.9 * (len(cases) + len(alone))
 
 
 def test_int8_quantization_keeps_the_answers(greedy_reference):
