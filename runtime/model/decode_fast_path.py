@@ -11,7 +11,9 @@ operands in the same order, so its hidden states are the module path's bit for b
 only the steps the module path would send to those kernels: every scheduled chunk a decode, a bf16 model
 whose attention is ``CpuDecodeBackend``'s and whose row operations are ``fused_bf16.c``'s. Prefill and
 mixed steps, fp32 and other devices take the module path. Products go to the weight's own kernel
-(prepacked bf16 or int8); a layer whose MLP is int8 on both sides keeps the fused int8 middle.
+(prepacked bf16 or int8). Where every product of every layer is int8 (``--quantization int8``), the
+layers run as ``_int8_layers``: the pass between two products (dequantize, residual add + RMSNorm,
+quantize) is one C call, so the norms' bf16 rows are never written.
 """
 from __future__ import annotations
 
