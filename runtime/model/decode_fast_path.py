@@ -31,86 +31,18 @@ from kernels.profiling import call
 from runtime.model.decoder import CausalLM, DecoderLayer
 from runtime.model.layers import Linear
 
-class _StepBuffers:
-    """The int8 products' operands and results for one step, allocated on first use and shared by every
-    layer: each is consumed within its layer (a down projection's by the next layer's first norm) before
-    the next layer writes it, and buffers are keyed by their role, so no two live ones alias. Four or five
-    allocations per product per layer become a dozen per step."""
-
-    def __init__(self, t: int) -> None:
-        self.t = t
-        self._buffers: dict[tuple[str, str], torch.Tensor] = {}
-
-    def get(self, role: str, name: str, width: int, dtype: torch.dtype) -> torch.Tensor:
-        buf = self._buffers.get((role, name))
-        if buf is None:
-            buf = self._buffers[(role, name)] = (torch.empty(self.t, width, dtype=dtype) if width
-                                                 else torch.empty(self.t, dtype=dtype))
-        return buf
+Product = Callable[[torch.Tensor], torch.Tensor]
 
 
-Product = Callable[[torch.Tensor, _StepBuffers], torch.Tensor]
-
-
-def _product(linear: Linear, role: str) -> Product:
-    """The linear's product as one call on 2-D rows, straight to its weight's kernels where those are
-    oneDNN's prepacked bf16 or the int8 passes (``packed_linear`` and ``Int8Weight.apply`` less their
-    checks and reshapes: the rows here are the plan's own contiguous bf16)."""
+def _product(linear: Linear) -> Product:
+    """The linear's product as one call on 2-D rows, straight to oneDNN where the weight is prepacked
+    (``packed_linear`` less its checks and reshapes: the rows here are the plan's own contiguous bf16);
+    any other weight through its module. (Int8 models take ``_int8_layers``.)"""
     packed, bias = linear.packed, linear.bias
     if isinstance(packed, PackedWeight):
         op, tensor = torch.ops.mkldnn._linear_pointwise.default, packed.tensor
-        return lambda rows, buffers: op(rows, tensor, bias, "none", [], "")
-    lib = int8.library()
-    if isinstance(packed, Int8Weight) and lib is not None and (bias is None or bias.dtype == torch.bfloat16):
-        quantize, dequant = _int8_quantize(lib, packed.in_features, role), lib.dequant_rows_bf16
-        q_t, sw, n = packed.q_t, packed.scale.data_ptr(), packed.out_features
-        bias_p = None if bias is None else bias.contiguous().data_ptr()
-
-        def product(rows: torch.Tensor, buffers: _StepBuffers) -> torch.Tensor:
-            q, sx = quantize(rows, buffers)
-            acc = torch._int_mm(q, q_t, out=buffers.get(role, "acc", n, torch.int32))
-            out = buffers.get(role, "out", n, torch.bfloat16)
-            call("actorserve::dequant_rows_bf16", dequant, acc.data_ptr(), sx.data_ptr(), sw, bias_p, out.data_ptr(),
-                 rows.shape[0], n, torch.get_num_threads())
-            return out
-        return product
-    return lambda rows, buffers: linear.forward(rows)
-
-
-def _int8_quantize(lib: ctypes.CDLL, k: int, role: str) -> Callable[[torch.Tensor, _StepBuffers],
-                                                                      tuple[torch.Tensor, torch.Tensor]]:
-    """``int8.quantize_rows`` of contiguous bf16 rows [T, k], into the role's buffers."""
-    fn = lib.quantize_rows_bf16
-
-    def quantize(rows: torch.Tensor, buffers: _StepBuffers) -> tuple[torch.Tensor, torch.Tensor]:
-        q, sx = buffers.get(role, "q", k, torch.int8), buffers.get(role, "sx", 0, torch.float32)
-        call("actorserve::quantize_rows_bf16", fn, rows.data_ptr(), q.data_ptr(), sx.data_ptr(), rows.shape[0], k,
-             torch.get_num_threads())
-        return q, sx
-    return quantize
-
-
-def _int8_mlp(gate_up: Int8Weight, down: Int8Weight, lib: ctypes.CDLL) -> Product:
-    """``GatedMLP.forward`` with both linears int8 (the fused middle), on contiguous bf16 rows [T, hidden]."""
-    quantize, middle, dequant = _int8_quantize(lib, gate_up.in_features, "mlp"), lib.silu_mul_quantize_rows, lib.dequant_rows_bf16
-    gu_t, gu_s, inter = gate_up.q_t, gate_up.scale.data_ptr(), gate_up.out_features // 2
-    d_t, d_s, hidden = down.q_t, down.scale.data_ptr(), down.out_features
-
-    def mlp(rows: torch.Tensor, buffers: _StepBuffers) -> torch.Tensor:
-        t, threads = rows.shape[0], torch.get_num_threads()
-        q, sx = quantize(rows, buffers)
-        acc = torch._int_mm(q, gu_t, out=buffers.get("mlp", "acc", 2 * inter, torch.int32))
-        q2, s2 = buffers.get("mlp", "q2", inter, torch.int8), buffers.get("mlp", "s2", 0, torch.float32)
-        rc = call("actorserve::silu_mul_quantize_rows", middle, acc.data_ptr(), sx.data_ptr(), gu_s, q2.data_ptr(),
-                  s2.data_ptr(), t, inter, threads)
-        if rc != 0:
-            raise MemoryError("silu_mul_quantize_rows: no memory for a row buffer")
-        acc2 = torch._int_mm(q2, d_t, out=buffers.get("mlp", "acc2", hidden, torch.int32))
-        out = buffers.get("mlp", "out", hidden, torch.bfloat16)
-        call("actorserve::dequant_rows_bf16", dequant, acc2.data_ptr(), s2.data_ptr(), d_s, None, out.data_ptr(), t,
-             hidden, threads)
-        return out
-    return mlp
+        return lambda rows: op(rows, tensor, bias, "none", [], "")
+    return linear.forward
 
 
 @dataclass
@@ -181,15 +113,12 @@ class DecodeFastPath:
     def _plan(self, layer: DecoderLayer) -> _LayerPlan:
         attn, mlp = layer.self_attn, layer.mlp
         fused_int8 = isinstance(mlp.gate_up_proj.packed, Int8Weight) and isinstance(mlp.down_proj.packed, Int8Weight)
-        lib = int8.library()
-        whole = (_int8_mlp(mlp.gate_up_proj.packed, mlp.down_proj.packed, lib) if fused_int8 and lib
-                 else lambda rows, buffers: mlp.forward(rows))
         return _LayerPlan(
             in_norm=layer.input_layernorm.weight.data_ptr(), post_norm=layer.post_attention_layernorm.weight.data_ptr(),
             eps_in=layer.input_layernorm.eps, eps_post=layer.post_attention_layernorm.eps,
-            qkv=_product(attn.qkv_proj, "qkv"), o=_product(attn.o_proj, "o"),
-            gate_up=None if fused_int8 else _product(mlp.gate_up_proj, "gate_up"),
-            down=None if fused_int8 else _product(mlp.down_proj, "down"), mlp=whole,
+            qkv=_product(attn.qkv_proj), o=_product(attn.o_proj),
+            gate_up=None if fused_int8 else _product(mlp.gate_up_proj),
+            down=None if fused_int8 else _product(mlp.down_proj), mlp=mlp.forward,
             q_norm=attn.q_norm, k_norm=attn.k_norm)
 
     @staticmethod
@@ -250,7 +179,6 @@ class DecodeFastPath:
         normed = torch.empty(t, hidden, dtype=torch.bfloat16)
         act = torch.empty(t, self.intermediate, dtype=torch.bfloat16)
         normed_p, res_p, act_p = normed.data_ptr(), residual.data_ptr(), act.data_ptr()
-        buffers = _StepBuffers(t)
         delta = None  # the previous sublayer's output, added into the residual by the next norm
         stream_p = x.data_ptr()  # the residual stream: x itself until the first add writes `residual`
         for lp, (k_cache, v_cache) in zip(self.layers, kv_caches):
@@ -261,18 +189,18 @@ class DecodeFastPath:
                 call("actorserve::add_rms_norm_bf16", ew.rms_norm_bf16, stream_p, delta.data_ptr(), res_p,
                      lp.in_norm, normed_p, t, hidden, lp.eps_in, threads)
                 stream_p = res_p
-            self._attend(lp, lp.qkv(normed, buffers), k_cache, v_cache, step)
-            o = lp.o(step.att, buffers)
+            self._attend(lp, lp.qkv(normed), k_cache, v_cache, step)
+            o = lp.o(step.att)
             call("actorserve::add_rms_norm_bf16", ew.rms_norm_bf16, stream_p, o.data_ptr(), res_p, lp.post_norm,
                  normed_p, t, hidden, lp.eps_post, threads)
             stream_p = res_p
             if lp.gate_up is None:
-                delta = lp.mlp(normed, buffers)
+                delta = lp.mlp(normed)
             else:
-                gate_up = lp.gate_up(normed, buffers)
+                gate_up = lp.gate_up(normed)
                 call("actorserve::silu_mul_bf16", ew.silu_mul_bf16, gate_up.data_ptr(), act_p, t, self.intermediate,
                      threads)
-                delta = lp.down(act, buffers)
+                delta = lp.down(act)
         return delta
 
     def _int8_layers(self, x: torch.Tensor, residual: torch.Tensor,
@@ -348,7 +276,6 @@ class DecodeFastPath:
         else:
             q = rotary(lp.q_norm.forward(qkv[:, :self.q_size].reshape(t, heads, d)), step.rope)
             k = rotary(lp.k_norm.forward(qkv[:, self.q_size:q_end].reshape(t, kvh, d)), step.rope)
-            step.keep = (q, k)  # alive until the kernels below have read them
             q_p, q_stride, k_p, k_stride = q.data_ptr(), heads * d, k.data_ptr(), kvh * d
         rc = call("actorserve::write_kv_bf16", at.write_kv_bf16, k_p, k_stride, qkv_p + q_end * 2, qkv_stride,
                   step.slots_p, t, kvh, d, k_cache.data_ptr(), v_cache.data_ptr(), nb * bs)
@@ -377,7 +304,6 @@ class _Step:
         self.tables, self.lens, self.slots = plan.block_tables, plan.seq_lens, slots
         self.tables_p, self.tables_w = self.tables.data_ptr(), self.tables.shape[1]
         self.lens_p, self.slots_p = self.lens.data_ptr(), slots.data_ptr()
-        self.keep: tuple = ()
 
 
 __all__ = ["DecodeFastPath"]
