@@ -32,7 +32,7 @@ def hf_model(llm: LLM):
     the engine's copy may be bf16, with its matrices prepacked)."""
     import transformers
 
-    from runtime.model.loader import load_model
+    from actorserve.runtime.model.loader import load_model
 
     ours = load_model(llm.config.model.model, "float32", skip_tokenizer=True).model
     cfg = ours.cfg

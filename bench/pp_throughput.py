@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 from actorserve import LLM, SamplingParams
-from runtime.background import BackgroundEngine
-from runtime.config import EngineConfig
+from actorserve.runtime.background import BackgroundEngine
+from actorserve.runtime.config import EngineConfig
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "bench_prompts.json"
 

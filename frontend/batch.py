@@ -13,11 +13,11 @@ import uuid
 
 from pydantic import ValidationError
 
-from frontend.errors import APIError, error_body
-from frontend.protocol import ChatCompletionRequest, CompletionRequest
-from frontend.serving import ServingContext
-from frontend.serving_chat import ChatServing
-from frontend.serving_completion import CompletionServing
+from actorserve.frontend.errors import APIError, error_body
+from actorserve.frontend.protocol import ChatCompletionRequest, CompletionRequest
+from actorserve.frontend.serving import ServingContext
+from actorserve.frontend.serving_chat import ChatServing
+from actorserve.frontend.serving_completion import CompletionServing
 
 
 async def run_batch(ctx: ServingContext, lines: list[str], show_progress: bool = True) -> list[dict]:

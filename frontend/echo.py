@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Optional, Union
 
-from frontend.protocol import ChatCompletionRequest, CompletionRequest
+from actorserve.frontend.protocol import ChatCompletionRequest, CompletionRequest
 
 
 def echo_prefix(request: Union[CompletionRequest, ChatCompletionRequest], prompt_text: Optional[str]) -> str:

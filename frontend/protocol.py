@@ -10,7 +10,7 @@ from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-from runtime.engine.sampling_params import SamplingParams
+from actorserve.runtime.engine.sampling_params import SamplingParams
 
 TokenIds = list[StrictInt]
 

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from typing import AsyncIterator, Optional
 
-from frontend.echo import echo_prefix
-from frontend.errors import APIError, sse_error
-from frontend.protocol import ChatCompletionRequest, ChatMessage
-from frontend.serving import SSE_DONE, Prompt, ServingContext, now, sse, usage
-from runtime.engine.outputs import CompletionOutput, Logprob
+from actorserve.frontend.echo import echo_prefix
+from actorserve.frontend.errors import APIError, sse_error
+from actorserve.frontend.protocol import ChatCompletionRequest, ChatMessage
+from actorserve.frontend.serving import SSE_DONE, Prompt, ServingContext, now, sse, usage
+from actorserve.runtime.engine.outputs import CompletionOutput, Logprob
 
 
 def render_chat(tokenizer, messages: list[ChatMessage], add_generation_prompt: bool,

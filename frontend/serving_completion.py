@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from typing import AsyncIterator, Optional
 
-from frontend.echo import echo_prefix
-from frontend.errors import APIError, sse_error
-from frontend.protocol import CompletionRequest
-from frontend.serving import SSE_DONE, Prompt, ServingContext, merge, now, sse, usage
-from runtime.engine.outputs import CompletionOutput, Logprob
+from actorserve.frontend.echo import echo_prefix
+from actorserve.frontend.errors import APIError, sse_error
+from actorserve.frontend.protocol import CompletionRequest
+from actorserve.frontend.serving import SSE_DONE, Prompt, ServingContext, merge, now, sse, usage
+from actorserve.runtime.engine.outputs import CompletionOutput, Logprob
 
 
 class CompletionServing:

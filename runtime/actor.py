@@ -13,8 +13,8 @@ import re
 import typing
 from typing import Any, Callable, ClassVar, Optional
 
-from runtime.transport.channel import Channel, Envelope
-from runtime.transport.messages import Message
+from actorserve.runtime.transport.channel import Channel, Envelope
+from actorserve.runtime.transport.messages import Message
 
 log = logging.getLogger("actorserve.actor")
 

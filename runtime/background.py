@@ -9,10 +9,10 @@ import asyncio
 import threading
 from typing import Callable, Optional
 
-from runtime.async_engine import AsyncEngine
-from runtime.config import EngineConfig
-from runtime.engine.outputs import RequestOutput
-from runtime.engine.sampling_params import SamplingParams
+from actorserve.runtime.async_engine import AsyncEngine
+from actorserve.runtime.config import EngineConfig
+from actorserve.runtime.engine.outputs import RequestOutput
+from actorserve.runtime.engine.sampling_params import SamplingParams
 
 
 class BackgroundEngine:

@@ -1,6 +1,6 @@
 """Spawning an actor as a child process: ready handshake, death pipe, signals.
 
-The launcher calls ``spawn``: a fresh interpreter runs ``python -m runtime.process`` (so the caller's
+The launcher calls ``spawn``: a fresh interpreter runs ``python -m actorserve.runtime.process`` (so the caller's
 ``__main__`` is never re-imported, guard or no guard), reads its typed ChildSpec from stdin, builds its
 actor on a uvloop loop, and reports ``{"kind": "ready" | "error", ...}`` as one JSON line on the ready
 pipe. It stops on SIGTERM, when the launcher's end of the death pipe closes (the launcher died), or when
@@ -21,14 +21,14 @@ from typing import Any, Optional
 
 import msgspec
 
-from runtime.actors.addresses import Addresses
-from runtime.config import EngineConfig
-from runtime.logs import setup_logging
+from actorserve import SOURCE_ROOT
+from actorserve.runtime.actors.addresses import Addresses
+from actorserve.runtime.config import EngineConfig
+from actorserve.runtime.logs import setup_logging
 
 log = logging.getLogger("actorserve.process")
 
 _PR_SET_PDEATHSIG = 1
-_PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class ChildSpec(msgspec.Struct, frozen=True):
@@ -60,9 +60,10 @@ def spawn(spec: ChildSpec) -> Child:
     ready_r, ready_w = os.pipe()
     death_r, death_w = os.pipe()
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PROJECT_ROOT, env.get("PYTHONPATH")) if p)
+    if SOURCE_ROOT is not None:  # a checkout: the child imports the same actorserve as its launcher
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (SOURCE_ROOT, env.get("PYTHONPATH")) if p)
     process = subprocess.Popen(
-        [sys.executable, "-m", "runtime.process", str(ready_w), str(death_r), spec.name],  # name: for ps
+        [sys.executable, "-m", "actorserve.runtime.process", str(ready_w), str(death_r), spec.name],  # name: for ps
         stdin=subprocess.PIPE, pass_fds=(ready_w, death_r), env=env,
     )
     os.close(ready_w)
@@ -87,8 +88,8 @@ def _main() -> int:
 async def _run(spec: ChildSpec, ready, death_fd: int) -> int:
     import zmq.asyncio
 
-    from runtime.actors.scheduler_actor import SchedulerActor
-    from runtime.actors.worker_actor import WorkerActor
+    from actorserve.runtime.actors.scheduler_actor import SchedulerActor
+    from actorserve.runtime.actors.worker_actor import WorkerActor
 
     loop = asyncio.get_running_loop()
     zctx = zmq.asyncio.Context()

@@ -16,10 +16,10 @@ from typing import Optional
 
 import torch
 
-from kernels.attention.interface import AttentionMetadata, SequenceGroup
-from kernels.attention.torch_ref import TorchRefBackend, write_kv_ref
-from kernels.native import CpuKernelLibrary
-from kernels.profiling import call
+from actorserve.kernels.attention.interface import AttentionMetadata, SequenceGroup
+from actorserve.kernels.attention.torch_ref import TorchRefBackend, write_kv_ref
+from actorserve.kernels.native import CpuKernelLibrary
+from actorserve.kernels.profiling import call
 
 SOURCE = Path(__file__).with_name("cpu_decode_bf16.c")
 PROFILE_NAME = "actorserve::paged_decode_bf16"

@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from kernels.attention.interface import AttentionMetadata, SequenceGroup
+from actorserve.kernels.attention.interface import AttentionMetadata, SequenceGroup
 
 
 def write_kv_ref(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from kernels.elementwise import cpu_bf16
+from actorserve.kernels.elementwise import cpu_bf16
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

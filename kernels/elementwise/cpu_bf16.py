@@ -10,8 +10,8 @@ from typing import Optional
 
 import torch
 
-from kernels.native import CpuKernelLibrary
-from kernels.profiling import call
+from actorserve.kernels.native import CpuKernelLibrary
+from actorserve.kernels.profiling import call
 
 SOURCE = Path(__file__).with_name("fused_bf16.c")
 

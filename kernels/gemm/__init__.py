@@ -13,9 +13,9 @@ from typing import Optional, Union
 import torch
 from torch.nn import functional as F
 
-from kernels.gemm import skinny
-from kernels.gemm.int8 import Int8Weight
-from kernels.gemm.prepacked import PackedWeight
+from actorserve.kernels.gemm import skinny
+from actorserve.kernels.gemm.int8 import Int8Weight
+from actorserve.kernels.gemm.prepacked import PackedWeight
 
 # A weight prepared once at load in place of the plain matrix; each kind computes F.linear from its form.
 PreparedWeight = Union[PackedWeight, Int8Weight]

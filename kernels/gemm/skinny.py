@@ -18,8 +18,8 @@ from typing import Optional
 import torch
 from torch.nn import functional as F
 
-from kernels.native import CpuKernelLibrary
-from kernels.profiling import call
+from actorserve.kernels.native import CpuKernelLibrary
+from actorserve.kernels.profiling import call
 
 MAX_ROWS = 8
 SOURCE = Path(__file__).with_name("skinny_bf16.c")

@@ -15,12 +15,12 @@ from datetime import timedelta
 
 import zmq.asyncio
 
-from runtime.actor import Actor
-from runtime.actors.addresses import Addresses
-from runtime.config import EngineConfig
-from runtime.inprocess import load_worker
-from runtime.transport.channel import Channel, Envelope
-from runtime.transport.messages import ExecuteBatch, Message, Shutdown, StepResult, WorkerReady
+from actorserve.runtime.actor import Actor
+from actorserve.runtime.actors.addresses import Addresses
+from actorserve.runtime.config import EngineConfig
+from actorserve.runtime.inprocess import load_worker
+from actorserve.runtime.transport.channel import Channel, Envelope
+from actorserve.runtime.transport.messages import ExecuteBatch, Message, Shutdown, StepResult, WorkerReady
 
 log = logging.getLogger("actorserve.worker")
 
@@ -62,7 +62,7 @@ class WorkerActor(Actor):
     def _join_pipeline(self) -> None:
         import torch.distributed as dist
 
-        from runtime.transport.pipeline import StagingBuffer, TensorDictSender
+        from actorserve.runtime.transport.pipeline import StagingBuffer, TensorDictSender
 
         p = self.config.parallel
         dist.init_process_group("gloo", init_method=f"tcp://{p.master_addr}:{p.master_port}", rank=self.rank,
@@ -77,7 +77,7 @@ class WorkerActor(Actor):
 
     def _receive_from_previous(self, loop: asyncio.AbstractEventLoop) -> None:
         """Blocking gloo receives, off the loop; each arrival becomes a mailbox envelope."""
-        from runtime.transport.pipeline import recv_tensor_dict
+        from actorserve.runtime.transport.pipeline import recv_tensor_dict
 
         while True:
             try:

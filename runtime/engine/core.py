@@ -11,14 +11,14 @@ import itertools
 from dataclasses import dataclass
 from typing import Optional, Protocol
 
-from runtime.config import EngineConfig
-from runtime.engine.batch import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
-from runtime.engine.detokenizer import IncrementalDetokenizer
-from runtime.engine.kv_cache_manager import KVCacheManager
-from runtime.engine.outputs import CompletionOutput, Logprob, RequestOutput, RequestUpdate, SampleUpdate
-from runtime.engine.request import Request, RequestStatus
-from runtime.engine.sampling_params import SamplingParams, verify_prompt_token_ids
-from runtime.engine.scheduler import Scheduler
+from actorserve.runtime.config import EngineConfig
+from actorserve.runtime.engine.batch import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
+from actorserve.runtime.engine.detokenizer import IncrementalDetokenizer
+from actorserve.runtime.engine.kv_cache_manager import KVCacheManager
+from actorserve.runtime.engine.outputs import CompletionOutput, Logprob, RequestOutput, RequestUpdate, SampleUpdate
+from actorserve.runtime.engine.request import Request, RequestStatus
+from actorserve.runtime.engine.sampling_params import SamplingParams, verify_prompt_token_ids
+from actorserve.runtime.engine.scheduler import Scheduler
 
 
 class Executor(Protocol):

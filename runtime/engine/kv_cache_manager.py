@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from runtime.engine.block_pool import Block, BlockPool, hash_block
-from runtime.engine.request import Request
+from actorserve.runtime.engine.block_pool import Block, BlockPool, hash_block
+from actorserve.runtime.engine.request import Request
 
 
 class KVCacheManager:

@@ -5,7 +5,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Optional
 
-from runtime.engine.sampling_params import SamplingParams
+from actorserve.runtime.engine.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections import deque
 from typing import Optional
 
-from runtime.config import SchedulerConfig
-from runtime.engine.batch import NewRequest, SamplingSpec, ScheduledChunk, SchedulerOutput
-from runtime.engine.kv_cache_manager import KVCacheManager
-from runtime.engine.request import Request, RequestStatus
+from actorserve.runtime.config import SchedulerConfig
+from actorserve.runtime.engine.batch import NewRequest, SamplingSpec, ScheduledChunk, SchedulerOutput
+from actorserve.runtime.engine.kv_cache_manager import KVCacheManager
+from actorserve.runtime.engine.request import Request, RequestStatus
 
 
 class Scheduler:

@@ -7,8 +7,8 @@ from typing import Callable, Iterator
 
 import torch
 
-from runtime.errors import ModelLoadError
-from runtime.model.arch_config import ArchConfig
+from actorserve.runtime.errors import ModelLoadError
+from actorserve.runtime.model.arch_config import ArchConfig
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # computed, not learned; some checkpoints carry it
 

@@ -12,8 +12,8 @@ from typing import Optional
 
 import torch
 
-from kernels.elementwise import argmax
-from runtime.engine.batch import SamplingSpec, TokenLogprobs
+from actorserve.kernels.elementwise import argmax
+from actorserve.runtime.engine.batch import SamplingSpec, TokenLogprobs
 
 
 @dataclass

@@ -16,9 +16,9 @@ import torch
 import zmq
 import zmq.asyncio
 
-from runtime.transport.codec import Codec, ProtocolError
-from runtime.transport.messages import Message
-from runtime.transport.pending import PendingSends
+from actorserve.runtime.transport.codec import Codec, ProtocolError
+from actorserve.runtime.transport.messages import Message
+from actorserve.runtime.transport.pending import PendingSends
 
 log = logging.getLogger("actorserve.transport")
 

@@ -13,8 +13,8 @@ import msgspec
 import numpy as np
 import torch
 
-from runtime.errors import ActorServeError
-from runtime.transport.messages import Message
+from actorserve.runtime.errors import ActorServeError
+from actorserve.runtime.transport.messages import Message
 
 _NUMPY_VIEW = {torch.bfloat16: torch.int16}  # numpy has no bfloat16: travel as raw 16-bit words
 

@@ -12,7 +12,7 @@ from typing import Optional, Union
 
 import msgspec
 
-from runtime.engine.batch import ModelRunnerOutput, SchedulerOutput
+from actorserve.runtime.engine.batch import ModelRunnerOutput, SchedulerOutput
 
 PROTOCOL_VERSION = 1
 

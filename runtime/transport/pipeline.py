@@ -15,7 +15,7 @@ import msgspec
 import torch
 import torch.distributed as dist
 
-from runtime.transport.pending import OnceHandle, PendingSends
+from actorserve.runtime.transport.pending import OnceHandle, PendingSends
 
 _DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int16,

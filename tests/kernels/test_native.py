@@ -3,7 +3,7 @@ import ctypes
 
 import pytest
 
-from kernels import native
+from actorserve.kernels import native
 
 pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C compiler")
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from actorserve import LLM, AsyncEngine, SamplingParams
-from runtime.errors import EngineDeadError
-from runtime.transport import pipeline
-from runtime.transport.pipeline import StagingBuffer, TensorDictSender
+from actorserve.runtime.errors import EngineDeadError
+from actorserve.runtime.transport import pipeline
+from actorserve.runtime.transport.pipeline import StagingBuffer, TensorDictSender
 from tests.conftest import save_tiny_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=64)

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from actorserve import AsyncEngine, SamplingParams
-from runtime.errors import EngineDeadError
+from actorserve.runtime.errors import EngineDeadError
 
 LONG = SamplingParams(temperature=0.0, max_tokens=480, ignore_eos=True)
 

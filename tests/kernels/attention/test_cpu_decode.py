@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from kernels.attention import cpu_decode
+from actorserve.kernels.attention import cpu_decode
 
 pytestmark = pytest.mark.skipif(not cpu_decode.available(),
                                 reason="needs a CPU with AVX-512 BF16 and a C compiler")
@@ -91,7 +91,7 @@ def test_supports_is_the_shape_gate():
 
 
 def test_write_kv_stores_strided_rows_at_their_slots():
-    from kernels.attention.torch_ref import write_kv_ref
+    from actorserve.kernels.attention.torch_ref import write_kv_ref
 
     kvh, nb, bs, d, t = 3, 10, 16, 64, 7
     qkv = torch.randn(t, 15 * d).bfloat16()  # k and v as the backend gets them: columns of a fused output

@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from kernels.attention import AttentionMetadata, SequenceGroup, TorchRefBackend, cpu_decode
+from actorserve.kernels.attention import AttentionMetadata, SequenceGroup, TorchRefBackend, cpu_decode
 
 KVH, H, D, BS, NB = 2, 6, 64, 4, 64
 BACKENDS = {"torch": TorchRefBackend, "cpu_decode": cpu_decode.CpuDecodeBackend}

@@ -3,7 +3,7 @@ bit on these inputs; row by row, so a row's result does not depend on the batch 
 import pytest
 import torch
 
-from kernels.elementwise import (add_rms_norm, cpu_bf16, rms_norm, rms_norm_ref, rotary, rotary_ref, silu_mul,
+from actorserve.kernels.elementwise import (add_rms_norm, cpu_bf16, rms_norm, rms_norm_ref, rotary, rotary_ref, silu_mul,
                                  silu_mul_ref)
 
 pytestmark = pytest.mark.skipif(not cpu_bf16.available(), reason="needs a CPU with AVX-512 BF16 and a C compiler")

@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from kernels import native
-from kernels.gemm import linear, skinny
+from actorserve.kernels import native
+from actorserve.kernels.gemm import linear, skinny
 
 needs_kernel = pytest.mark.skipif(not skinny.available(), reason="needs a C compiler and a CPU with AVX-512 BF16")
 

@@ -4,7 +4,7 @@ It stores every token it "computes" at its slot and, before each chunk, reads th
 from the slots its block table names: a wrong block table, a prefix-cache block overwritten, or a
 recompute at the wrong position changes the sampled tokens or fails an assertion.
 """
-from runtime.engine.batch import ModelRunnerOutput
+from actorserve.runtime.engine.batch import ModelRunnerOutput
 
 
 class FakeExecutor:

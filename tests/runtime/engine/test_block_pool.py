@@ -1,10 +1,10 @@
 """Block pool and KV cache manager: reference counts, prefix hits, LRU eviction of free cached blocks."""
 import pytest
 
-from runtime.engine.block_pool import BlockPool
-from runtime.engine.kv_cache_manager import KVCacheManager
-from runtime.engine.request import Request
-from runtime.engine.sampling_params import SamplingParams
+from actorserve.runtime.engine.block_pool import BlockPool
+from actorserve.runtime.engine.kv_cache_manager import KVCacheManager
+from actorserve.runtime.engine.request import Request
+from actorserve.runtime.engine.sampling_params import SamplingParams
 
 
 def _req(rid, tokens):

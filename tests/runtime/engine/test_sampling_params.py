@@ -1,7 +1,7 @@
 """SamplingParams validation: every out-of-range field is a ValueError that names it."""
 import pytest
 
-from runtime.engine.sampling_params import SamplingParams, verify_prompt_token_ids
+from actorserve.runtime.engine.sampling_params import SamplingParams, verify_prompt_token_ids
 
 BAD = [
     ("n", {"n": 0}), ("temperature", {"temperature": -1.0}), ("top_p", {"top_p": 0.0}),

@@ -3,9 +3,9 @@ import random
 
 import pytest
 
-from runtime.config import CacheConfig, EngineConfig, SchedulerConfig
-from runtime.engine.core import EngineCore, ModelFacts
-from runtime.engine.sampling_params import SamplingParams
+from actorserve.runtime.config import CacheConfig, EngineConfig, SchedulerConfig
+from actorserve.runtime.engine.core import EngineCore, ModelFacts
+from actorserve.runtime.engine.sampling_params import SamplingParams
 from tests.runtime.engine.fake_executor import FakeExecutor, next_token
 
 VOCAB = 1000

@@ -3,12 +3,12 @@ only, and is switched off by ``enforce_eager``."""
 import pytest
 import torch
 
-from kernels.attention import cpu_decode
-from kernels.elementwise import cpu_bf16
-from runtime.engine.batch import ScheduledChunk, SchedulerOutput
-from runtime.model import loader
-from runtime.model.decode_fast_path import DecodeFastPath
-from runtime.model.runner import ModelRunner
+from actorserve.kernels.attention import cpu_decode
+from actorserve.kernels.elementwise import cpu_bf16
+from actorserve.runtime.engine.batch import ScheduledChunk, SchedulerOutput
+from actorserve.runtime.model import loader
+from actorserve.runtime.model.decode_fast_path import DecodeFastPath
+from actorserve.runtime.model.runner import ModelRunner
 from tests.conftest import save_tiny_model
 
 pytestmark = pytest.mark.skipif(not (cpu_bf16.available() and cpu_decode.available()),

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from runtime.config import EngineConfig
-from runtime.engine.sampling_params import SamplingParams
-from runtime.inprocess import build_engine
+from actorserve.runtime.config import EngineConfig
+from actorserve.runtime.engine.sampling_params import SamplingParams
+from actorserve.runtime.inprocess import build_engine
 from tests.conftest import save_tiny_model
 
 FAMILIES = {
@@ -34,7 +34,7 @@ class RecordingExecutor:
         tokens = logits.argmax(dim=-1).tolist()
         for rid, tok in zip(inputs.sample_ids, tokens):
             self.runner._rows[rid].output_ids.append(tok)
-        from runtime.engine.batch import ModelRunnerOutput
+        from actorserve.runtime.engine.batch import ModelRunnerOutput
         return ModelRunnerOutput(batch.step, dict(zip(inputs.sample_ids, tokens)), {})
 
 

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import torch
 
-from runtime.errors import ModelLoadError
-from runtime.model.loader import load_model
+from actorserve.runtime.errors import ModelLoadError
+from actorserve.runtime.model.loader import load_model
 from tests.conftest import save_tiny_model
 
 GGUF_NAMES = {

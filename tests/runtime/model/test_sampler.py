@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from runtime.engine.batch import SamplingSpec
-from runtime.model.sampler import Sampler, SamplingRow
+from actorserve.runtime.engine.batch import SamplingSpec
+from actorserve.runtime.model.sampler import Sampler, SamplingRow
 
 LOGITS = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -2.0])
 SAMPLES = 20_000

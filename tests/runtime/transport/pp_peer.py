@@ -8,7 +8,7 @@ import msgspec
 import torch
 import torch.distributed as dist
 
-from runtime.transport.pipeline import TensorDictSender, recv_tensor_dict
+from actorserve.runtime.transport.pipeline import TensorDictSender, recv_tensor_dict
 
 STEPS = 200
 BOUND = 4

@@ -5,10 +5,10 @@ import msgspec
 import pytest
 import torch
 
-from runtime.engine.batch import (ModelRunnerOutput, NewRequest, SamplingSpec, ScheduledChunk, SchedulerOutput,
+from actorserve.runtime.engine.batch import (ModelRunnerOutput, NewRequest, SamplingSpec, ScheduledChunk, SchedulerOutput,
                                   TokenLogprobs)
-from runtime.transport import messages as m
-from runtime.transport.codec import Codec, ProtocolError
+from actorserve.runtime.transport import messages as m
+from actorserve.runtime.transport.codec import Codec, ProtocolError
 
 SPEC = SamplingSpec(0.7, 0.9, 5, 0.0, 3, 0.0, 0.1, 1.1, {3: 1.5}, 2, [7], 2, 4)
 EXAMPLES = [
@@ -64,7 +64,7 @@ def test_wire_sampling_params_mirror_sampling_params():
     """The wire struct is spelled out for the protocol's sake; it must not drift from SamplingParams."""
     import dataclasses
 
-    from runtime.engine.sampling_params import SamplingParams
+    from actorserve.runtime.engine.sampling_params import SamplingParams
 
     defaults = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
     wire = m.WireSamplingParams()

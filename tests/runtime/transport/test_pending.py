@@ -4,7 +4,7 @@ import weakref
 
 import pytest
 
-from runtime.transport.pending import OnceHandle, PendingSends
+from actorserve.runtime.transport.pending import OnceHandle, PendingSends
 
 
 class FakeHandle:
