@@ -17,7 +17,7 @@ import time
 import torch
 from torch.nn import functional as F
 
-from kernels.gemm import int8, prepacked, skinny
+from actorserve.kernels.gemm import int8, prepacked, skinny
 
 SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)]  # (in, out): qkv, o, gate_up, down
 
@@ -39,7 +39,7 @@ def main() -> None:
     args = ap.parse_args()
     weights = [torch.randn(n, k).bfloat16() for _ in range(30) for (k, n) in SHAPES]
     packed = [prepacked.PackedWeight(w) for w in weights] if prepacked.available() else None
-    quantized = [int8.Int8Weight(w) for w in weights] if int8.available() else None
+    quantized = [int8.Int8Weight(w) for w in weights] if int8.int_mm_available() else None
     head = torch.randn(49152, 576).bfloat16()
     head_packed = prepacked.PackedWeight(head) if packed else None
     size = sum(w.numel() * 2 for w in weights)

@@ -12,13 +12,14 @@ import ctypes
 import hashlib
 import logging
 import os
-import platform
 import re
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any, Optional
+
+from actorserve.kernels import capability
 
 log = logging.getLogger("actorserve")
 
@@ -90,42 +91,28 @@ AVX512_BF16_FLAGS = ["-O3", "-ffp-contract=off", "-mavx512f", "-mavx512bw", "-ma
                      "-fopenmp"]
 
 
-def cpu_has_avx512_bf16() -> bool:
-    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
-        return False
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return "avx512_bf16" in line.split()
-    except OSError:
-        pass
-    return False
-
-
-def cpu_kernels_enabled() -> bool:
-    """``ACTORSERVE_CPU_KERNELS=0`` switches off every CPU fast path (the C kernels and prepacking)."""
-    return os.environ.get("ACTORSERVE_CPU_KERNELS", "1") != "0"
-
-
 class CpuKernelLibrary:
     """One AVX-512 BF16 C source, built and loaded at most once per process, with its functions' ctypes
-    signatures declared; None where ``ACTORSERVE_CPU_KERNELS=0``, the CPU lacks AVX-512 BF16, or the build
+    signatures declared; None where this process's gate (``capability.current().avx512_bf16_kernels``:
+    the CPU or the ISA override lacks AVX-512 BF16, or ``ACTORSERVE_CPU_KERNELS=0``) says no, or the build
     fails."""
 
     def __init__(self, source: Path, signatures: dict[str, tuple[Any, list[Any]]]) -> None:
         self.source, self.signatures = source, signatures
         self._lib: Optional[ctypes.CDLL] = None
-        self._tried = False
+        self._paths: Optional[capability.CpuPaths] = None  # the gates this answer was decided under
 
     def get(self) -> Optional[ctypes.CDLL]:
-        if not self._tried:
-            self._tried = True
-            if cpu_kernels_enabled() and cpu_has_avx512_bf16():
-                lib = load(self.source, AVX512_BF16_FLAGS)
-                if lib is not None:
-                    for name, (restype, argtypes) in self.signatures.items():
-                        fn = getattr(lib, name)
-                        fn.restype, fn.argtypes = restype, argtypes
-                self._lib = lib
+        paths = capability.current()
+        if paths is not self._paths:
+            self._paths = paths
+            self._lib = self._load() if paths.avx512_bf16_kernels else None
         return self._lib
+
+    def _load(self) -> Optional[ctypes.CDLL]:
+        lib = load(self.source, AVX512_BF16_FLAGS)
+        if lib is not None:
+            for name, (restype, argtypes) in self.signatures.items():
+                fn = getattr(lib, name)
+                fn.restype, fn.argtypes = restype, argtypes
+        return lib

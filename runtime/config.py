@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from actorserve.kernels.capability import ISAS, CpuPaths, detect
+
 BLOCK_SIZE = 16
 _DTYPES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = (None, "int8")  # int8: W8A8 with per-row dynamic activation scales (kernels.gemm.int8)
@@ -103,6 +105,34 @@ class ParallelConfig:
         return max(1, (os.cpu_count() or 1) // self.pipeline_parallel_size)
 
 
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    """Where the model runs, and which of the CPU's fast paths it may take."""
+
+    device: str = "cpu"
+    # Make every capability gate see a lesser CPU than this one (ACTORSERVE_CPU_ISA): the paths of an
+    # AVX2-only or a generic x86-64 machine, run on this one. None: this CPU as it is.
+    cpu_isa: Optional[str] = field(default_factory=lambda: os.environ.get("ACTORSERVE_CPU_ISA") or None)
+    # ACTORSERVE_CPU_KERNELS=0 switches off every CPU fast path (the C kernels and prepacking)
+    cpu_kernels: bool = field(default_factory=lambda: os.environ.get("ACTORSERVE_CPU_KERNELS", "1") != "0")
+    # The paths the gates chose, resolved once while the config is built (``resolve``); None until then
+    cpu_paths: Optional[CpuPaths] = None
+
+    def validate(self) -> None:
+        if self.device != "cpu":
+            raise ValueError(f"device must be 'cpu', got {self.device!r}")
+        if self.cpu_isa is not None and self.cpu_isa not in ISAS:
+            raise ValueError(f"cpu_isa (ACTORSERVE_CPU_ISA) must be one of {ISAS}, got {self.cpu_isa!r}")
+
+    def resolve(self) -> CpuPaths:
+        """The capability gates' answer for this machine under this config."""
+        if self.cpu_paths is not None:
+            return self.cpu_paths
+        return detect(self.cpu_isa, self.cpu_kernels)
+
+
 _MODES = ("multiprocess", "inprocess")
 
 
@@ -138,13 +168,17 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
 
     def validate(self) -> "EngineConfig":
+        """This config checked, with the device's fast paths resolved (routing by capability happens
+        here, once, not at a kernel's first call)."""
         self.model.validate()
         self.cache.validate()
         self.scheduler.validate()
         self.runtime.validate()
         self.parallel.validate()
+        self.device.validate()
         if self.parallel.pipeline_parallel_size > 1 and self.runtime.mode == "inprocess":
             raise ValueError("pipeline_parallel_size > 1 needs mode='multiprocess' (one process per stage)")
         if not self.scheduler.enable_chunked_prefill and self.model.max_model_len is not None:
@@ -154,13 +188,15 @@ class EngineConfig:
                     f"({self.scheduler.max_num_batched_tokens}) must be >= max_model_len "
                     f"({self.model.max_model_len})"
                 )
+        if self.device.cpu_paths is None:
+            return dataclasses.replace(self, device=dataclasses.replace(self.device, cpu_paths=self.device.resolve()))
         return self
 
     @classmethod
     def from_engine_args(cls, model: Optional[str] = None, **engine_args: Any) -> "EngineConfig":
         """Sort vLLM-style flat keyword arguments into the tree; an unknown name is a TypeError."""
         sections = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig,
-                    "runtime": RuntimeConfig, "parallel": ParallelConfig}
+                    "runtime": RuntimeConfig, "parallel": ParallelConfig, "device": DeviceConfig}
         parts: dict[str, dict[str, Any]] = {name: {} for name in sections}
         parts["model"]["model"] = model
         owners = {f.name: section for section, klass in sections.items() for f in dataclasses.fields(klass)}

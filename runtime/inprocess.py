@@ -6,11 +6,13 @@ puts a whole engine in the caller's process for the offline ``LLM``.
 from __future__ import annotations
 
 import logging
+import time
 
-from runtime.config import EngineConfig
-from runtime.engine.core import EngineCore, ModelFacts
-from runtime.model.loader import LoadedModel, load_model
-from runtime.model.runner import ModelRunner, kv_bytes_per_block
+from actorserve.kernels import capability
+from actorserve.runtime.config import EngineConfig
+from actorserve.runtime.engine.core import EngineCore, ModelFacts
+from actorserve.runtime.model.loader import LoadedModel, load_model
+from actorserve.runtime.model.runner import ModelRunner, kv_bytes_per_block
 
 log = logging.getLogger("actorserve")
 
@@ -40,17 +42,23 @@ def load_worker(config: EngineConfig, with_tokenizer: bool, pp_rank: int = 0,
     number of blocks; a stage then allocates them for its own layers only."""
     m = config.model
     max_len = m.max_model_len
+    paths = config.device.resolve()
+    capability.use(paths)  # before any kernel is built or weight prepacked
+    started = time.perf_counter()
     loaded = load_model(m.model, m.dtype, max_positions=max_len, tokenizer=m.tokenizer,
                         skip_tokenizer=m.skip_tokenizer_init or not with_tokenizer, pp_rank=pp_rank,
                         pp_size=config.parallel.pipeline_parallel_size, quantization=m.quantization)
     if max_len is not None and max_len > loaded.cfg.max_position_embeddings:
         raise ValueError(f"max_model_len {max_len} exceeds the model's context length "
                          f"{loaded.cfg.max_position_embeddings}")
+    loaded_at = time.perf_counter()
     per_block = kv_bytes_per_block(loaded.cfg, config.cache.block_size, loaded.model.dtype)
     blocks = num_kv_blocks(loaded, config, per_block)
     runner = ModelRunner(loaded.model, blocks, config.cache.block_size, seed=m.seed, fast_decode=not m.enforce_eager)
-    log.info("KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB)", blocks, config.cache.block_size,
-             blocks * config.cache.block_size, blocks * per_block / 2**20)
+    log.info("%s; decode fast path: %s", paths.describe(), "on" if runner.fast_decode is not None else "off")
+    log.info("model loaded in %.2f s; KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB), allocated in %.2f s",
+             loaded_at - started, blocks, config.cache.block_size, blocks * config.cache.block_size,
+             blocks * per_block / 2**20, time.perf_counter() - loaded_at)
     return runner, model_facts(loaded, config, blocks), loaded
 
 

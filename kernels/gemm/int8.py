@@ -9,7 +9,7 @@ here; vLLM's compressed-tensors W8A8 with dynamic per-token activation scales):
     x_q = round(x / s_x), s_x = amax(|x[m, :]|) / 127          (symmetric, per row, every call)
     y   = (x_q @ w_q.T) * s_x[m] * s_w[n] (+ bias)             (int32 products, exact; scaled in fp32)
 
-The product itself is ``torch._int_mm`` (oneDNN's s8s8s32 GEMM); the two row passes around it are
+The product itself is ``torch._int_mm`` (oneDNN's s8s8s32 GEMM; an int32 torch product where that does not run); the two row passes around it are
 ``int8_bf16.c`` for bf16 activations, with the torch sequences below as their reference and fallback. It
 is an approximation of the model (about 7 bits per activation), which is why it is opt-in: greedy tokens
 follow the fp32 engine's for a median of 12 of 64 tokens on the benchmark prompts, bf16's for 17
@@ -23,8 +23,9 @@ from typing import Optional
 
 import torch
 
-from kernels.native import CpuKernelLibrary
-from kernels.profiling import call
+from actorserve.kernels import capability
+from actorserve.kernels.native import CpuKernelLibrary
+from actorserve.kernels.profiling import call
 
 SOURCE = Path(__file__).with_name("int8_bf16.c")
 QMAX = 127
@@ -38,8 +39,10 @@ _library = CpuKernelLibrary(SOURCE, {
 })
 
 
-def available() -> bool:
-    return hasattr(torch, "_int_mm")
+def int_mm_available() -> bool:
+    """This process's gate of the int8 product (``capability.CpuPaths.int_mm``); without it the product runs
+    in int32 through torch's generic matmul: the same integers, slower."""
+    return capability.current().int_mm
 
 
 def kernels_available() -> bool:
@@ -105,7 +108,7 @@ def silu_mul_quantize_ref(acc: torch.Tensor, sx: torch.Tensor, sw: torch.Tensor,
                           dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """A gated MLP's middle between its two int8 products: the gate_up product [M, 2n] dequantized, SiLU of
     the gate times the up half, quantized per row for the down projection."""
-    from kernels.elementwise import silu_mul  # the activation the unquantized MLP uses, bit for bit
+    from actorserve.kernels.elementwise import silu_mul  # the activation the unquantized MLP uses, bit for bit
 
     return quantize_rows(silu_mul(dequant_rows(acc, sx, sw, None, dtype)))
 
@@ -131,7 +134,7 @@ def dequant_add_norm_quantize_ref(acc: torch.Tensor, sx: torch.Tensor, sw: torch
                                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The seam between two int8 products of a layer: the first's result dequantized, added into the
     residual stream and normalised, then quantized for the next. Returns (new residual, int8 rows, scales)."""
-    from kernels.elementwise import add_rms_norm  # the residual add + norm of the unquantized layer, bit for bit
+    from actorserve.kernels.elementwise import add_rms_norm  # the residual add + norm of the unquantized layer, bit for bit
 
     h, normed = add_rms_norm(residual, dequant_rows(acc, sx, sw, bias, residual.dtype), weight, eps)
     return (h, *quantize_rows(normed))
@@ -165,8 +168,6 @@ class Int8Weight:
         if weight.dim() != 2 or weight.device.type != "cpu" or not weight.is_floating_point():
             raise ValueError(f"Int8Weight: a floating-point CPU matrix, got {weight.dtype} {tuple(weight.shape)} "
                              f"on {weight.device}")
-        if not available():
-            raise RuntimeError("int8 products need torch._int_mm, which this torch lacks")
         self.out_features, self.in_features = weight.shape
         q, self.scale = quantize_ref(weight.detach())
         # _int_mm takes [K, N]; the transposed view of [N, K] rows is oneDNN's faster layout at few rows
@@ -192,7 +193,9 @@ class Int8Weight:
                              f"{tuple(q.shape)} and {tuple(sx.shape)}")
         if q.shape[0] == 0:
             return torch.empty(0, self.out_features, dtype=torch.int32), sx
-        return torch._int_mm(q, self.q_t), sx
+        if int_mm_available():
+            return torch._int_mm(q, self.q_t), sx
+        return torch.mm(q.to(torch.int32), self.q_t.to(torch.int32)), sx
 
     def apply_quantized(self, q: torch.Tensor, sx: torch.Tensor, dtype: torch.dtype,
                         bias: Optional[torch.Tensor] = None) -> torch.Tensor:

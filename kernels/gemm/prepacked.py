@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from kernels.native import cpu_kernels_enabled
+from actorserve.kernels import capability
 
 # oneDNN picks the blocked layout for an expected row count. Measured on the model's shapes, a hint of 1,
 # 32 or 256 serves 1 to 256 rows alike; no hint made 1-row products 40% slower.
@@ -25,9 +25,8 @@ BATCH_HINT = 32
 
 
 def available() -> bool:
-    return (cpu_kernels_enabled() and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+    """This process's gate (``capability.CpuPaths.prepacked_bf16``): oneDNN takes bf16 weights on this CPU."""
+    return capability.current().prepacked_bf16
 
 
 def applies(weight: torch.Tensor) -> bool:

@@ -24,12 +24,12 @@ from typing import Callable, Optional
 import torch
 from torch.nn import functional as F
 
-from kernels.attention import cpu_decode
-from kernels.elementwise import cpu_bf16, rotary
-from kernels.gemm import Int8Weight, PackedWeight, int8
-from kernels.profiling import call
-from runtime.model.decoder import CausalLM, DecoderLayer
-from runtime.model.layers import Linear
+from actorserve.kernels.attention import cpu_decode
+from actorserve.kernels.elementwise import cpu_bf16, rotary
+from actorserve.kernels.gemm import Int8Weight, PackedWeight, int8
+from actorserve.kernels.profiling import call
+from actorserve.runtime.model.decoder import CausalLM, DecoderLayer
+from actorserve.runtime.model.layers import Linear
 
 Product = Callable[[torch.Tensor], torch.Tensor]
 
@@ -97,7 +97,8 @@ class DecodeFastPath:
         self.final_norm = model.model.norm if model.stage.last else None
         self.layers = [self._plan(layer) for layer in model.model.layers.values()]
         self.int8_lib = int8.library()
-        self.int8_layers = self._int8_weights(model) if self.int8_lib is not None else None
+        usable = self.int8_lib is not None and int8.int_mm_available()  # its products are torch._int_mm
+        self.int8_layers = self._int8_weights(model) if usable else None
 
     @classmethod
     def build(cls, model: CausalLM, backend: object) -> Optional["DecodeFastPath"]:

@@ -7,8 +7,8 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from kernels.elementwise import add_rms_norm, rms_norm, rotary, silu_mul
-from kernels.gemm import Int8Weight, PreparedWeight, int8, linear, prepacked
+from actorserve.kernels.elementwise import add_rms_norm, rms_norm, rotary, silu_mul
+from actorserve.kernels.gemm import Int8Weight, PreparedWeight, int8, linear, prepacked
 
 
 class Linear(nn.Linear):
@@ -19,7 +19,7 @@ class Linear(nn.Linear):
 
     def quantize_int8(self) -> bool:
         """Hold the weight as int8 (``kernels.gemm.int8``); once, after loading, before ``prepack``."""
-        if self.weight is None or self.weight.device.type != "cpu" or not int8.available():
+        if self.weight is None or self.weight.device.type != "cpu":
             return False
         self.packed = Int8Weight(self.weight.detach())
         self.weight = None

@@ -4,12 +4,11 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from kernels.elementwise import silu_mul_ref
-from kernels.gemm import int8, linear
-from runtime.model.layers import Linear
+from actorserve.kernels.elementwise import silu_mul_ref
+from actorserve.kernels.gemm import int8, linear
+from actorserve.runtime.model.layers import Linear
 from tests.conftest import save_tiny_model
 
-pytestmark = pytest.mark.skipif(not int8.available(), reason="torch without _int_mm")
 needs_kernels = pytest.mark.skipif(not int8.kernels_available(), reason="needs AVX-512 BF16 and a C compiler")
 
 SHAPES = [(1, 576), (3, 100), (7, 17), (300, 1536), (2048, 64)]  # 16-lane tails; both thread paths
@@ -44,11 +43,19 @@ def test_dequant_rows_matches_the_reference(m, n, with_bias):
                        int8.dequant_ref(acc, sx, sw, bias, torch.bfloat16))
 
 
-def test_int_mm_is_exact():
+@pytest.mark.parametrize("int_mm", [True, False])
+def test_the_int32_product_is_exact_with_and_without_int_mm(int_mm, monkeypatch):
+    if int_mm and not int8.int_mm_available():
+        pytest.skip("torch._int_mm does not run here")
+    monkeypatch.setattr(int8, "int_mm_available", lambda: int_mm)
     g = torch.Generator().manual_seed(2)
     a = torch.randint(-127, 128, (37, 1536), generator=g, dtype=torch.int8)
     w = torch.randint(-127, 128, (200, 1536), generator=g, dtype=torch.int8)
-    assert torch.equal(torch._int_mm(a, w.t()).long(), a.long() @ w.t().long())
+    w[:, 0] = 127  # every channel reaches the full range: scale 1, the int8 weight is w itself
+    weight = int8.Int8Weight(w.float())
+    assert torch.equal(weight.q_t.t(), w)
+    acc, _ = weight.product_quantized(a, torch.ones(37))
+    assert acc.dtype == torch.int32 and torch.equal(acc.long(), a.long() @ w.t().long())
 
 
 @pytest.mark.parametrize("m", [1, 5, 64, 300])
@@ -66,7 +73,7 @@ def test_int8_linear_approximates_the_float_product(m, dtype):
     assert ((y.double() - exact).abs() / scale).max() < 1.0
     assert (y.double() - exact).abs().max() / exact.abs().max() < 0.02
     q, sx = int8.quantize_ref(x)  # and it is exactly the scheme of the module docstring
-    assert torch.equal(y, int8.dequant_ref(torch._int_mm(q, weight.q_t), sx, weight.scale, b.to(dtype), dtype))
+    assert torch.equal(y, int8.dequant_ref((q.long() @ weight.q_t.long()).int(), sx, weight.scale, b.to(dtype), dtype))
 
 
 def test_leading_dims_empty_input_and_errors():
@@ -85,7 +92,7 @@ def test_leading_dims_empty_input_and_errors():
 def test_quantized_model_holds_int8_layers_and_stays_close(tied, tmp_path):
     """quantization="int8" quantizes the layers' linears from the fp32 weights; the embedding and the lm_head
     keep the model's dtype; the layers' outputs stay within int8's error of the unquantized model's."""
-    from runtime.model import loader
+    from actorserve.runtime.model import loader
 
     directory = save_tiny_model("llama", tmp_path / "m", seed=3, tie_word_embeddings=tied)
     quant = loader.load_model(str(directory), "bfloat16", skip_tokenizer=True, quantization="int8").model
@@ -104,9 +111,9 @@ def test_quantized_model_holds_int8_layers_and_stays_close(tied, tmp_path):
 
 
 def test_an_unknown_quantization_is_refused(tmp_path):
-    from runtime.config import EngineConfig
-    from runtime.errors import ModelLoadError
-    from runtime.model import loader
+    from actorserve.runtime.config import EngineConfig
+    from actorserve.runtime.errors import ModelLoadError
+    from actorserve.runtime.model import loader
 
     with pytest.raises(ValueError, match="quantization must be one of"):
         EngineConfig.from_engine_args(None, quantization="int4")
@@ -147,7 +154,7 @@ def test_fused_silu_mul_quantize_is_the_three_passes(m, n):
 
 
 def test_int8_mlp_fuses_the_middle_and_equals_the_unfused_layers(tmp_path):
-    from runtime.model import loader
+    from actorserve.runtime.model import loader
 
     directory = save_tiny_model("llama", tmp_path / "m", seed=5)
     model = loader.load_model(str(directory), "bfloat16", skip_tokenizer=True, quantization="int8").model

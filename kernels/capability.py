@@ -1,0 +1,153 @@
+"""What this CPU and this torch can do, decided once per process: the gates of every CPU fast path.
+
+Runs wherever kernels run (worker, in-process engine, tests). The launcher resolves ``CpuPaths`` while it
+builds the config (``runtime.config.DeviceConfig.resolve``), logs them once, and each worker installs the
+paths it was handed (``use``) before it loads a model; a process that was handed none (a kernel called
+directly) detects them on first ask, from the same override.
+
+Each path has its own predicate, so that one missing instruction switches off only what needs it:
+
+- ``avx512_bf16_kernels``: the C sources built for AVX-512 BF16 (decode attention, the fused row kernels,
+  the skinny GEMM, the int8 row passes). The decode fast path runs on these, so it follows them.
+- ``prepacked_bf16``: oneDNN's blocked bf16 weights. torch refuses to reorder a bf16 weight unless the CPU
+  has AVX-512 BW/VL/DQ or AVX-NE-CONVERT, and says so only by raising at load; this asks first.
+- ``int_mm``: ``torch._int_mm``, the int8 product, checked by running it once; without it the int8 layers
+  multiply in int32 with torch's generic product (slow, exact, the same result).
+
+The instruction sets come from CPUID through torch (``torch.cpu._is_*_supported``), which also checks that
+the OS saves the wide registers; /proc/cpuinfo can disagree with CPUID under emulators. The ISA override
+(``ACTORSERVE_CPU_ISA``: ``avx512``, ``avx2`` or ``generic``) makes every predicate see the lesser CPU, so
+the paths of an AVX2-only machine run, and are tested, on an AVX-512 one. It never raises a CPU's level.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+log = logging.getLogger("actorserve")
+
+ISAS = ("generic", "avx2", "avx512")  # lowest first
+
+
+@dataclass(frozen=True)
+class CpuFeatures:
+    """The instruction-set facts the gates read, after the override has masked them."""
+
+    isa: str  # "avx512" (F, BW, VL, DQ), "avx2" (with FMA) or "generic"
+    avx512_bf16: bool
+    avx_ne_convert: bool
+
+
+@dataclass(frozen=True)
+class CpuPaths:
+    """Which CPU fast paths this process takes; every field an independent predicate."""
+
+    isa: str  # the level the gates saw: this CPU's, or the override's where that is lower
+    hardware_isa: str  # this CPU's own level
+    kernels_enabled: bool = True  # False: ACTORSERVE_CPU_KERNELS=0, every C kernel and prepacking off
+    avx512_bf16_kernels: bool = False
+    prepacked_bf16: bool = False
+    int_mm: bool = False
+
+    def describe(self) -> str:
+        on = [name for name in ("avx512_bf16_kernels", "prepacked_bf16", "int_mm") if getattr(self, name)]
+        seen = self.isa if self.isa == self.hardware_isa else f"{self.isa} (override; this CPU: {self.hardware_isa})"
+        return f"CPU {seen}; fast paths on: {', '.join(on) or 'none'}" + (
+            "" if self.kernels_enabled else " (ACTORSERVE_CPU_KERNELS=0)")
+
+
+def _supported(name: str) -> bool:
+    import torch
+
+    probe = getattr(torch.cpu, name, None)
+    try:
+        return bool(probe()) if probe is not None else False
+    except RuntimeError:
+        return False
+
+
+def _avx_ne_convert() -> bool:
+    """AVX-NE-CONVERT (CPUID leaf 7, sub-leaf 1, EDX bit 5), which torch accepts for bf16 weights; read from
+    /proc/cpuinfo, torch having no probe of its own."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and "avx_ne_convert" in line.split() for line in f)
+    except OSError:
+        return False
+
+
+def hardware_features() -> CpuFeatures:
+    if _supported("_is_avx512_supported"):
+        isa = "avx512"
+    elif _supported("_is_avx2_supported"):
+        isa = "avx2"
+    else:
+        isa = "generic"
+    return CpuFeatures(isa, avx512_bf16=isa == "avx512" and _supported("_is_avx512_bf16_supported"),
+                       avx_ne_convert=isa != "generic" and _avx_ne_convert())
+
+
+def masked(features: CpuFeatures, override: Optional[str]) -> CpuFeatures:
+    """The features a CPU of level ``override`` would have, where that is below this one's."""
+    if override is None or ISAS.index(override) >= ISAS.index(features.isa):
+        return features
+    return CpuFeatures(override, avx512_bf16=False,
+                       avx_ne_convert=features.avx_ne_convert and override != "generic")
+
+
+def _onednn_bf16(features: CpuFeatures) -> bool:
+    """torch's own test for bf16 weights in oneDNN (mkldnn_bf16_device_check), on the masked features."""
+    import torch
+
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    try:
+        torch_says = bool(check()) if check is not None else True
+    except RuntimeError:
+        torch_says = False
+    return torch_says and (features.isa == "avx512" or features.avx_ne_convert)
+
+
+def _int_mm_runs() -> bool:
+    import torch
+
+    if not hasattr(torch, "_int_mm"):
+        return False
+    try:
+        a = torch.ones(32, 64, dtype=torch.int8)
+        return bool((torch._int_mm(a, a.t().contiguous()) == 64).all())
+    except RuntimeError:
+        return False
+
+
+def detect(isa_override: Optional[str] = None, kernels_enabled: bool = True) -> CpuPaths:
+    if isa_override is not None and isa_override not in ISAS:
+        raise ValueError(f"the CPU ISA override must be one of {ISAS}, got {isa_override!r}")
+    real = hardware_features()
+    seen = masked(real, isa_override)
+    return CpuPaths(isa=seen.isa, hardware_isa=real.isa, kernels_enabled=kernels_enabled,
+                    avx512_bf16_kernels=kernels_enabled and seen.avx512_bf16,
+                    prepacked_bf16=kernels_enabled and _onednn_bf16(seen),
+                    int_mm=_int_mm_runs())
+
+
+class _Installed:
+    """The paths of this process: installed once by a worker from its config, or detected on first ask."""
+
+    paths: Optional[CpuPaths] = None
+
+
+def use(paths: CpuPaths) -> None:
+    """Install the paths the launcher resolved, before any kernel is built or any weight prepacked."""
+    _Installed.paths = paths
+
+
+def current() -> CpuPaths:
+    if _Installed.paths is None:
+        from actorserve.runtime.config import DeviceConfig
+
+        _Installed.paths = DeviceConfig().resolve()
+    return _Installed.paths

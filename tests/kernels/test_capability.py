@@ -1,0 +1,105 @@
+"""Capability gates: independent predicates decided once, an ISA override that only ever lowers the CPU,
+and bf16 / int8 models that load and generate with every path a lesser CPU would take."""
+import pytest
+import torch
+
+from actorserve.kernels import capability
+from actorserve.kernels.capability import CpuFeatures, CpuPaths
+from actorserve.runtime.config import DeviceConfig, EngineConfig
+
+AVX512_BF16 = CpuFeatures("avx512", avx512_bf16=True, avx_ne_convert=False)
+
+
+def test_the_override_lowers_and_never_raises_the_level():
+    assert capability.masked(AVX512_BF16, None) == AVX512_BF16
+    assert capability.masked(AVX512_BF16, "avx512") == AVX512_BF16
+    assert capability.masked(AVX512_BF16, "avx2") == CpuFeatures("avx2", False, False)
+    assert capability.masked(AVX512_BF16, "generic") == CpuFeatures("generic", False, False)
+    avx2 = CpuFeatures("avx2", False, avx_ne_convert=True)
+    assert capability.masked(avx2, "avx512") == avx2  # an override never adds instructions
+    assert capability.masked(avx2, "generic").avx_ne_convert is False
+
+
+@pytest.mark.parametrize("isa", ["avx2", "generic"])
+def test_a_lesser_cpu_takes_no_avx512_path(isa):
+    paths = capability.detect(isa)
+    assert paths.isa == isa and paths.hardware_isa in capability.ISAS
+    assert not paths.avx512_bf16_kernels and not paths.prepacked_bf16
+    assert paths.int_mm == capability._int_mm_runs()  # independent of the ISA: torch falls back inside
+    assert f"{isa} (override" in paths.describe() or paths.hardware_isa == isa
+
+
+def test_kernels_off_switches_every_c_path_and_prepacking_but_not_the_int8_product():
+    paths = capability.detect(None, kernels_enabled=False)
+    assert not (paths.avx512_bf16_kernels or paths.prepacked_bf16)
+    assert paths.int_mm == capability._int_mm_runs()
+    assert "ACTORSERVE_CPU_KERNELS=0" in paths.describe()
+
+
+def test_the_hardware_level_is_what_torch_reads_from_cpuid():
+    real = capability.hardware_features()
+    assert (real.isa == "avx512") == torch.cpu._is_avx512_supported()
+    assert (real.isa != "generic") == (torch.cpu._is_avx2_supported() or torch.cpu._is_avx512_supported())
+    if real.avx512_bf16:
+        assert real.isa == "avx512"
+
+
+def test_the_config_resolves_the_paths_once_and_carries_them_to_children(monkeypatch):
+    monkeypatch.setenv("ACTORSERVE_CPU_ISA", "avx2")
+    config = EngineConfig.from_engine_args(None)
+    assert config.device.cpu_isa == "avx2" and config.device.cpu_paths.isa == "avx2"
+    import msgspec
+
+    decoded = msgspec.json.decode(msgspec.json.encode(config), type=EngineConfig)
+    assert decoded.device.cpu_paths == config.device.cpu_paths
+    assert config.validate() is config  # already resolved: nothing is probed again
+    with pytest.raises(ValueError, match="cpu_isa"):
+        EngineConfig.from_engine_args(None, cpu_isa="sse9")
+    with pytest.raises(ValueError, match="must be one of"):
+        capability.detect("avx1024")
+    assert DeviceConfig(cpu_isa="generic").resolve().isa == "generic"
+
+
+@pytest.fixture
+def installed_paths():
+    """Restore this process's gates after a test installs others."""
+    before = capability.current()
+    yield
+    capability.use(before)
+
+
+@pytest.mark.parametrize("isa", ["avx2", "generic"])
+@pytest.mark.parametrize("quantization", [None, "int8"])
+def test_bf16_and_int8_models_load_and_generate_on_a_lesser_cpu(isa, quantization, tiny_llama_dir,
+                                                               installed_paths, monkeypatch):
+    """What crashed on AVX2-only CPUs (a bf16 weight handed to oneDNN's reorder): the gates route every
+    product to a path that runs, and greedy tokens match the same model on torch's plain operators."""
+    from actorserve import LLM, SamplingParams
+    from actorserve.kernels.gemm import prepacked
+    from actorserve.runtime.model.layers import Linear
+
+    monkeypatch.setattr(prepacked.PackedWeight, "__init__", _no_reorder)  # a lesser CPU raises here
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    prompts = [{"prompt_token_ids": [5, 6, 7, 8]}, {"prompt_token_ids": [9, 10]}]
+    llm = LLM(str(tiny_llama_dir), dtype="bfloat16", quantization=quantization, cpu_isa=isa,
+              skip_tokenizer_init=True, kv_cache_memory=8 << 20)
+    assert capability.current().isa == isa
+    model = llm.engine.executor.model
+    assert all(m.packed is None or quantization for m in model.modules() if isinstance(m, Linear))
+    assert llm.engine.executor.fast_decode is None  # it runs on the AVX-512 kernels
+    out = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    eager = LLM(str(tiny_llama_dir), dtype="bfloat16", quantization=quantization, cpu_isa=isa,
+                skip_tokenizer_init=True, kv_cache_memory=8 << 20, cpu_kernels=False)
+    assert out == [o.outputs[0].token_ids for o in eager.generate(prompts, params, use_tqdm=False)]
+    assert all(len(t) == 8 for t in out)
+
+
+def _no_reorder(self, weight):
+    raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert or "
+                       "avx512bw, avx512vl and avx512dq")
+
+
+def test_paths_are_a_frozen_value():
+    paths = CpuPaths("avx2", "avx512")
+    with pytest.raises(AttributeError):
+        paths.isa = "avx512"
