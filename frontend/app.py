@@ -15,12 +15,15 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import actorserve
-from frontend.errors import APIError, error_body, error_response
-from frontend.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from frontend.serving import ServingContext, now
-from frontend.serving_chat import ChatServing, render_chat
-from frontend.serving_completion import CompletionServing
-from runtime.errors import EngineDeadError
+from actorserve.frontend.errors import APIError, error_body, error_response
+from actorserve.frontend.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from actorserve.frontend.serving import ServingContext, now
+from actorserve.frontend.serving_chat import ChatServing, render_chat
+from actorserve.frontend.serving_completion import CompletionServing
+from actorserve.runtime.errors import EngineDeadError
+
+
+_WITHOUT_ENGINE = ("/health", "/version")  # answered while the engine starts
 
 
 def build_app(ctx: ServingContext, api_key: Optional[str] = None) -> FastAPI:
@@ -34,6 +37,11 @@ def build_app(ctx: ServingContext, api_key: Optional[str] = None) -> FastAPI:
             if request.headers.get("authorization") != f"Bearer {api_key}":
                 return JSONResponse(error_body(401, "Invalid or missing API key"), status_code=401)
         request.state.request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        if request.url.path not in _WITHOUT_ENGINE:
+            try:
+                await ctx.wait_ready()  # requests that arrive while the engine starts wait for it
+            except APIError as exc:
+                return error_response(exc)
         response = await call_next(request)
         response.headers["X-Request-Id"] = request.state.request_id
         return response
@@ -54,6 +62,8 @@ def build_app(ctx: ServingContext, api_key: Optional[str] = None) -> FastAPI:
 
     @app.get("/health")
     async def health():
+        if ctx.starting_or_failed():
+            return Response(status_code=503)
         try:
             await ctx.engine.check_health()
         except EngineDeadError:

@@ -1,8 +1,10 @@
 """``actorserve serve``: the frontend process hosting the OpenAI-compatible HTTP server.
 
 Runs in the frontend process, which launches the scheduler and worker processes and talks to them over
-ZMQ. The port opens once the engine is ready. When the engine dies, /health answers 503 and, after a
-short grace for health checkers to see it, the server exits with status 1, as vLLM's does.
+ZMQ. The port opens at once, while the engine starts: /health answers 503 until it is ready, and requests
+wait for it. A start that fails answers every waiting and later request with a 503 in the OpenAI shape
+(EngineStartError's message), as does an engine that dies; /health answers 503 and, after a short grace
+for health checkers to see it, the server exits with status 1, as vLLM's does.
 """
 from __future__ import annotations
 
@@ -14,49 +16,77 @@ from typing import Optional
 
 import uvicorn
 
-from frontend.app import build_app
-from frontend.metrics import FrontendMetrics
-from frontend.serving import ServingContext
+from actorserve.frontend.app import build_app
+from actorserve.frontend.metrics import FrontendMetrics
+from actorserve.frontend.serving import ServingContext
 
 log = logging.getLogger("actorserve.frontend")
 
 DEAD_GRACE_S = 2.0
 
 
-async def build_context(engine, model: Optional[str], tokenizer_path: Optional[str],
-                        served_model_name: Optional[str]) -> ServingContext:
-    """Start the engine and load the tokenizer side by side."""
-    from runtime.model.loader import DEFAULT_MODEL_NAME, load_tokenizer, resolve_model_path
+def new_context(engine, model: Optional[str], served_model_name: Optional[str]) -> ServingContext:
+    """A context whose engine has not started yet: ``complete_context`` fills in the rest."""
+    from actorserve.runtime.model.loader import DEFAULT_MODEL_NAME
 
-    path = resolve_model_path(model)
+    name = served_model_name or (model if model is not None else DEFAULT_MODEL_NAME)
+    return ServingContext(engine, None, name, 0, 0, FrontendMetrics(name))
+
+
+async def complete_context(ctx: ServingContext, model: Optional[str]) -> None:
+    """Start the engine and load the tokenizer side by side: the engine's own (``--tokenizer`` is in its
+    config, so the scheduler detokenizes with the one this process tokenizes with)."""
+    from actorserve.runtime.model.loader import resolve_model_path
+    from actorserve.runtime.model.tokenizer import load_tokenizer
+
+    tokenizer_path = ctx.engine.config.model.tokenizer
     loop = asyncio.get_running_loop()
-    tokenizer_job = loop.run_in_executor(None, load_tokenizer, tokenizer_path or path)
+    tokenizer_job = loop.run_in_executor(None, lambda: load_tokenizer(tokenizer_path or resolve_model_path(model)))
     try:
-        await engine.start()
+        await ctx.engine.start()
     finally:
         tokenizer = await tokenizer_job
-    name = served_model_name or (model if model is not None else DEFAULT_MODEL_NAME)
-    info = engine.info
-    return ServingContext(engine, tokenizer, name, info["max_model_len"], info["vocab_size"], FrontendMetrics(name))
+    info = ctx.engine.info
+    ctx.tokenizer, ctx.max_model_len, ctx.vocab_size = tokenizer, info["max_model_len"], info["vocab_size"]
 
 
-async def serve(engine, host: str, port: int, model: Optional[str], tokenizer: Optional[str] = None,
-                served_model_name: Optional[str] = None, api_key: Optional[str] = None) -> int:
+async def build_context(engine, model: Optional[str], served_model_name: Optional[str]) -> ServingContext:
+    ctx = new_context(engine, model, served_model_name)
+    await complete_context(ctx, model)
+    return ctx
+
+
+async def serve(engine, host: str, port: int, model: Optional[str], served_model_name: Optional[str] = None,
+                api_key: Optional[str] = None) -> int:
+    ctx = new_context(engine, model, served_model_name)
+    ctx.ready = asyncio.ensure_future(complete_context(ctx, model))
+    server = _Server(uvicorn.Config(build_app(ctx, api_key), host=host, port=port, log_level="warning",
+                                    lifespan="off", timeout_graceful_shutdown=3))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, server.request_exit)
+    watch = asyncio.ensure_future(_watch(ctx, server))
     try:
-        ctx = await build_context(engine, model, tokenizer, served_model_name)
-        app = build_app(ctx, api_key)
-        server = _Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
-                                        timeout_graceful_shutdown=3))
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, server.request_exit)
-        server.announce = ctx.model_name
-        died = asyncio.ensure_future(_stop_when_dead(engine, server))
         await server.serve()
-        died.cancel()
-        return 1 if engine.is_dead else 0
+        return 1 if watch.done() or engine.is_dead else 0
     finally:
+        watch.cancel()
+        ctx.ready.cancel()
+        await asyncio.gather(ctx.ready, watch, return_exceptions=True)
         await engine.close()
+
+
+async def _watch(ctx: ServingContext, server: "_Server") -> None:
+    """Announce the engine once it is ready; stop the server once its start failed or it died."""
+    try:
+        await ctx.ready
+        print(f"actorserve: serving {ctx.model_name} on http://{server.config.host}:{server.config.port}", flush=True)
+        await ctx.engine.wait_dead()
+        log.error("the engine died; /health answers 503 and the server stops in %.0f s", DEAD_GRACE_S)
+    except Exception as exc:
+        log.error("the engine failed to start (%s); requests get 503, the server stops in %.0f s", exc, DEAD_GRACE_S)
+    await asyncio.sleep(DEAD_GRACE_S)
+    server.should_exit = True
 
 
 class _Server(uvicorn.Server):
@@ -72,12 +102,6 @@ class _Server(uvicorn.Server):
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
-        if self.started:  # the port is open now, not before
-            print(f"actorserve: serving {self.announce} on http://{self.config.host}:{self.config.port}", flush=True)
-
-
-async def _stop_when_dead(engine, server) -> None:
-    await engine.wait_dead()
-    log.error("the engine died; /health answers 503 and the server stops in %.0f s", DEAD_GRACE_S)
-    await asyncio.sleep(DEAD_GRACE_S)
-    server.should_exit = True
+        if self.started:
+            print(f"actorserve: listening on http://{self.config.host}:{self.config.port}; the engine is starting",
+                  flush=True)

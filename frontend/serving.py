@@ -12,11 +12,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Optional, Sequence
 
-from frontend.errors import APIError
-from frontend.metrics import FrontendMetrics
-from runtime.engine.outputs import RequestOutput
-from runtime.engine.sampling_params import SamplingParams, verify_prompt_token_ids
-from runtime.errors import EngineDeadError
+from actorserve.frontend.errors import APIError
+from actorserve.frontend.metrics import FrontendMetrics
+from actorserve.runtime.engine.outputs import RequestOutput
+from actorserve.runtime.engine.sampling_params import SamplingParams, verify_prompt_token_ids
+from actorserve.runtime.errors import EngineDeadError
 
 
 @dataclass
@@ -33,6 +33,25 @@ class ServingContext:
     max_model_len: int
     vocab_size: int
     metrics: FrontendMetrics
+    # ``actorserve serve`` opens its port while the engine starts: this completes the context (or fails)
+    ready: Optional["asyncio.Future[None]"] = None
+
+    async def wait_ready(self) -> None:
+        """Until the engine is ready; APIError 503 if its start failed."""
+        if self.ready is None:
+            return
+        try:
+            await asyncio.shield(self.ready)
+        except asyncio.CancelledError:
+            if self.ready.cancelled():  # the server is stopping, not this request
+                raise APIError(503, "the server is shutting down") from None
+            raise
+        except Exception as exc:
+            raise APIError(503, f"the engine failed to start: {exc}") from None
+
+    def starting_or_failed(self) -> bool:
+        return self.ready is not None and (not self.ready.done() or self.ready.cancelled()
+                                           or self.ready.exception() is not None)
 
     def check_model(self, name: Optional[str]) -> None:
         if name is not None and name != self.model_name:

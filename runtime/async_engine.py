@@ -12,14 +12,14 @@ from typing import Any, AsyncIterator, Optional
 
 import zmq.asyncio
 
-from runtime.client import PromptInput, ZmqClient
-from runtime.config import EngineConfig
-from runtime.engine.outputs import RequestOutput
-from runtime.engine.sampling_params import SamplingParams
-from runtime.errors import EngineDeadError
-from runtime.launcher import InProcessEngine, MultiprocessEngine
-from runtime.logs import setup_logging
-from runtime.transport.messages import HealthPong
+from actorserve.runtime.client import PromptInput, ZmqClient
+from actorserve.runtime.config import EngineConfig
+from actorserve.runtime.engine.outputs import RequestOutput
+from actorserve.runtime.engine.sampling_params import SamplingParams
+from actorserve.runtime.errors import EngineDeadError, EngineStartError
+from actorserve.runtime.launcher import InProcessEngine, MultiprocessEngine
+from actorserve.runtime.logs import setup_logging
+from actorserve.runtime.transport.messages import HealthPong
 
 log = logging.getLogger("actorserve")
 
@@ -40,7 +40,7 @@ class AsyncEngine:
         self._ctx = zmq.asyncio.Context()
         self._backend = None
         self._client: Optional[ZmqClient] = None
-        self._start_lock: Optional[asyncio.Lock] = None
+        self._starting: Optional[asyncio.Future] = None  # the one start, shared by every caller
         self._dead: Optional[EngineDeadError] = None
         self._dead_event: Optional[asyncio.Event] = None
         self._closed = False
@@ -52,20 +52,35 @@ class AsyncEngine:
         return engine
 
     async def start(self) -> None:
-        """Launch the actors and wait until they are ready; a start-up failure raises here, promptly."""
-        if self._start_lock is None:
-            self._start_lock = asyncio.Lock()
-        async with self._start_lock:
-            if self._backend is not None:
-                return
+        """Launch the actors and wait until they are ready; a start-up failure raises here, promptly.
+
+        The rule: an engine starts at most once. Every caller that arrives while it starts waits for the
+        same start, and if that start fails, each of them, and every later call, gets the same
+        EngineStartError; to try again, make a new AsyncEngine. (A caller that gives up waiting does not
+        stop the start for the others.)"""
+        if self._starting is None:
             if self._closed:
                 raise EngineDeadError("the engine is closed")
-            self._dead_event = asyncio.Event()
-            inproc = self.config.runtime.mode == "inprocess"
-            backend = InProcessEngine(self.config, self._ctx) if inproc else MultiprocessEngine(self.config)
+            if self._dead_event is None:
+                self._dead_event = asyncio.Event()
+            self._starting = asyncio.ensure_future(self._launch())
+        await asyncio.shield(self._starting)
+
+    async def _launch(self) -> None:
+        inproc = self.config.runtime.mode == "inprocess"
+        backend = InProcessEngine(self.config, self._ctx) if inproc else MultiprocessEngine(self.config)
+        try:
             await backend.start(self._on_death)
-            self._client = ZmqClient(backend.addresses.client, self._ctx)
-            self._backend = backend
+        except EngineStartError as exc:
+            self._dead = exc
+            self._dead_event.set()
+            raise
+        except BaseException as exc:
+            self._dead = EngineStartError(f"the engine failed to start: {type(exc).__name__}: {exc}")
+            self._dead_event.set()
+            raise self._dead from exc
+        self._client = ZmqClient(backend.addresses.client, self._ctx)
+        self._backend = backend
 
     @property
     def is_dead(self) -> bool:
@@ -86,7 +101,9 @@ class AsyncEngine:
             self._client.fail_all(self._dead)
 
     async def wait_dead(self) -> EngineDeadError:
-        """Returns once a child has died (for launchers that serve until then)."""
+        """Returns once a child has died or the start failed (for launchers that serve until then)."""
+        if self._dead_event is None:
+            self._dead_event = asyncio.Event()
         await self._dead_event.wait()
         return self._dead
 
@@ -120,6 +137,9 @@ class AsyncEngine:
         if self._closed:
             return
         self._closed = True
+        if self._starting is not None and not self._starting.done():
+            self._starting.cancel()  # the launcher kills what it had started
+            await asyncio.gather(self._starting, return_exceptions=True)
         if self._backend is not None:
             if self._dead is None:
                 await self._client.shutdown_server("close")

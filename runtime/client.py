@@ -3,6 +3,13 @@
 Runs in the caller's process. One DEALER socket to the scheduler's ROUTER; a receive task routes each
 RequestOutputDelta to its request's stream, and HealthPong to the ping waiting for it. Streams yield
 cumulative vLLM-shaped RequestOutputs. Leaving a stream early (break, cancel) sends AbortRequest.
+
+A socket monitor watches the connection: when the server closes it (its process died or was stopped),
+every call in flight fails at once instead of waiting for answers that cannot come: with EngineStartError
+if the server never answered on that connection (it went away while starting), else EngineDeadError. ZMQ
+reconnects by itself, so a later call goes to whatever serves the address then. A call that finds no
+server listening for ``connect_timeout`` seconds fails with EngineStartError too (the server process binds
+its socket within seconds of starting, long before the model is loaded).
 """
 from __future__ import annotations
 
@@ -13,19 +20,21 @@ from typing import AsyncIterator, Optional, Union
 
 import zmq.asyncio
 
-from runtime.engine.outputs import CompletionOutput, Logprob, RequestOutput
-from runtime.engine.sampling_params import SamplingParams
-from runtime.errors import EngineDeadError
-from runtime.transport.channel import Channel
-from runtime.transport.messages import (AbortRequest, AddRequest, ErrorReply, HealthPing, HealthPong,
+from actorserve.runtime.engine.outputs import CompletionOutput, Logprob, RequestOutput
+from actorserve.runtime.engine.sampling_params import SamplingParams
+from actorserve.runtime.errors import EngineDeadError, EngineStartError
+from actorserve.runtime.transport.channel import Channel
+from actorserve.runtime.transport.messages import (AbortRequest, AddRequest, ErrorReply, HealthPing, HealthPong,
                                         RequestOutputDelta, Shutdown, WireSamplingParams)
 
 PromptInput = Union[str, list[int], dict]
 
 
 class ZmqClient:
-    def __init__(self, address: str, ctx: Optional[zmq.asyncio.Context] = None) -> None:
+    def __init__(self, address: str, ctx: Optional[zmq.asyncio.Context] = None,
+                 connect_timeout: Optional[float] = 30.0) -> None:
         self.address = address
+        self.connect_timeout = connect_timeout
         self._own_ctx = ctx is None
         self._ctx = ctx or zmq.asyncio.Context()
         self._channel: Optional[Channel] = None
@@ -34,17 +43,52 @@ class ZmqClient:
         self._nonces = itertools.count(1)
         self._receiver: Optional[asyncio.Task] = None
         self._dead: Optional[BaseException] = None
+        self._monitor: Optional[asyncio.Task] = None
+        self._answered = False  # the server has sent something on the current connection
+        self._connected = asyncio.Event()
 
     def _connect(self) -> Channel:
         if self._channel is None:
             self._channel = Channel(self._ctx, "dealer", self.address, bind=False,
                                     identity=uuid.uuid4().hex.encode())
             self._receiver = asyncio.ensure_future(self._receive())
+            monitor = self._channel.socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+            self._monitor = asyncio.ensure_future(self._watch(monitor))
         return self._channel
+
+    async def _watch(self, monitor) -> None:
+        from zmq.utils.monitor import parse_monitor_message
+
+        try:
+            while True:
+                event = parse_monitor_message(await monitor.recv_multipart())["event"]
+                if event == zmq.EVENT_CONNECTED:
+                    self._answered = False
+                    self._connected.set()
+                elif event == zmq.EVENT_DISCONNECTED:
+                    self._connected.clear()
+                    self._fail_in_flight(self._went_away())
+        finally:
+            monitor.close(linger=0)
+
+    def _went_away(self) -> EngineDeadError:
+        if self._answered:
+            return EngineDeadError(f"the engine at {self.address} closed the connection (it died or was stopped)")
+        return EngineStartError(f"the engine at {self.address} went away before it answered (it failed "
+                                "during start-up, or was stopped)")
+
+    def _fail_in_flight(self, exc: BaseException) -> None:
+        for queue in self._streams.values():
+            queue.put_nowait(exc)
+        for fut in self._pings.values():
+            if not fut.done():
+                fut.set_exception(exc)
+        self._pings.clear()
 
     async def _receive(self) -> None:
         while True:
             envelope = await self._channel.recv()
+            self._answered = True
             message = envelope.message
             if isinstance(message, RequestOutputDelta):
                 queue = self._streams.get(message.request_id)
@@ -60,12 +104,7 @@ class ZmqClient:
     def fail_all(self, exc: BaseException) -> None:
         """The engine died: every open stream and ping raises exc, and so does every later call."""
         self._dead = exc
-        for queue in self._streams.values():
-            queue.put_nowait(exc)
-        for fut in self._pings.values():
-            if not fut.done():
-                fut.set_exception(exc)
-        self._pings.clear()
+        self._fail_in_flight(exc)
 
     async def generate(self, prompt: PromptInput, params: Optional[SamplingParams] = None,
                        request_id: Optional[str] = None) -> AsyncIterator[RequestOutput]:
@@ -84,7 +123,7 @@ class ZmqClient:
         try:
             await self._connect().send(AddRequest(request_id, to_wire(params), ids, text))
             while not finished:
-                item = await queue.get()
+                item = await self._next(queue)
                 if isinstance(item, BaseException):
                     raise item
                 finished = _apply(output, item)
@@ -93,6 +132,21 @@ class ZmqClient:
             self._streams.pop(request_id, None)
             if not finished and self._dead is None and self._channel is not None:
                 await self._channel.send(AbortRequest(request_id))
+
+    async def _next(self, queue: asyncio.Queue):
+        """The stream's next item; EngineStartError if no server is listening for connect_timeout s."""
+        if self._connected.is_set() or self.connect_timeout is None:
+            return await queue.get()
+        get, connected = asyncio.ensure_future(queue.get()), asyncio.ensure_future(self._connected.wait())
+        try:
+            done, _ = await asyncio.wait({get, connected}, timeout=self.connect_timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            connected.cancel()
+        if not done:
+            get.cancel()
+            raise EngineStartError(f"no engine is listening at {self.address} (waited {self.connect_timeout:g} s)")
+        return await get
 
     async def abort(self, request_id: str) -> None:
         if self._dead is None:
@@ -115,9 +169,12 @@ class ZmqClient:
         await self._connect().send(Shutdown(reason))
 
     async def close(self) -> None:
-        if self._receiver is not None:
-            self._receiver.cancel()
-            await asyncio.gather(self._receiver, return_exceptions=True)
+        for task in (self._receiver, self._monitor):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        if self._channel is not None:
+            self._channel.socket.disable_monitor()
         if self._channel is not None:
             self._channel.close()
         if self._own_ctx:

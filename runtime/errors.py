@@ -11,3 +11,9 @@ class ModelLoadError(ActorServeError):
 
 class EngineDeadError(ActorServeError):
     """The engine stopped (a process died or was shut down); in-flight and new requests fail with this."""
+
+
+class EngineStartError(EngineDeadError):
+    """The engine failed before it was ready (a bad model path, out of memory, a process that died while
+    loading). Every caller that was waiting for the start gets it; an engine whose start failed stays
+    failed (make a new one to try again)."""

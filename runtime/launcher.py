@@ -15,12 +15,13 @@ from typing import Callable, Optional
 
 import zmq.asyncio
 
-from runtime.actors.addresses import Addresses
-from runtime.actors.scheduler_actor import SchedulerActor
-from runtime.actors.worker_actor import WorkerActor
-from runtime.config import EngineConfig
-from runtime.process import ChildSpec
-from runtime.supervisor import EngineStartError, Supervisor
+from actorserve.runtime.actors.addresses import Addresses
+from actorserve.runtime.actors.scheduler_actor import SchedulerActor
+from actorserve.runtime.actors.worker_actor import WorkerActor
+from actorserve.runtime.config import EngineConfig
+from actorserve.runtime.process import ChildSpec
+from actorserve.runtime.errors import EngineStartError
+from actorserve.runtime.supervisor import Supervisor
 
 
 class MultiprocessEngine:

@@ -14,14 +14,10 @@ import os
 import shutil
 from typing import Callable, Optional
 
-from runtime.errors import ActorServeError
-from runtime.process import Child, ChildSpec, spawn
+from actorserve.runtime.errors import EngineStartError
+from actorserve.runtime.process import Child, ChildSpec, spawn
 
 log = logging.getLogger("actorserve.supervisor")
-
-
-class EngineStartError(ActorServeError):
-    """A child failed before it was ready (bad model path, out of memory, ...)."""
 
 
 class Supervisor:
@@ -43,14 +39,17 @@ class Supervisor:
             loop.add_reader(child.ready.fileno(), _read_ready, child, pending[child.name])
             loop.add_reader(child.sentinel, _died_early, child, pending[child.name])
         try:
-            results = await asyncio.wait_for(asyncio.gather(*pending.values()), timeout)
-        except asyncio.TimeoutError:
-            raise EngineStartError(f"the engine did not start within {timeout:.0f} s") from None
+            done, waiting = await asyncio.wait(pending.values(), timeout=timeout, return_when=asyncio.FIRST_EXCEPTION)
         finally:
             for child in self.children:
                 loop.remove_reader(child.ready.fileno())
                 loop.remove_reader(child.sentinel)
-        return dict(zip(pending, results))
+        failed = next((f for f in pending.values() if f in done and f.exception() is not None), None)
+        if failed is not None:
+            raise failed.exception()
+        if waiting:
+            raise EngineStartError(f"the engine did not start within {timeout:.0f} s")
+        return {name: fut.result() for name, fut in pending.items()}
 
     def watch(self, on_death: Callable[[str, Optional[int]], None]) -> None:
         """From now on, a child's exit calls on_death(name, exitcode) once and stops the others."""

@@ -6,8 +6,8 @@ import random
 import pytest
 
 from actorserve import AsyncEngine, SamplingParams
-from runtime.errors import EngineDeadError
-from runtime.supervisor import EngineStartError
+from actorserve.runtime.errors import EngineDeadError
+from actorserve.runtime.errors import EngineStartError
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
