@@ -5,11 +5,13 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from runtime.errors import ActorServeError
+from actorserve.runtime.errors import ActorServeError
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="a .gguf file or HF directory (default: embedded SmolLM2)")
+    p.add_argument("--tokenizer", default=None,
+                   help="a tokenizer directory or file (default: the model's own), for every process")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--quantization", "-q", default=None, choices=["int8"],
                    help="int8: the layers' weights as int8, activations quantized per row (W8A8, approximate)")
@@ -22,10 +24,13 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1, help="worker stages, one process each")
+    p.add_argument("--cpu-isa", default=None, choices=["avx512", "avx2", "generic"],
+                   help="the fast paths of a lesser CPU than this one (as ACTORSERVE_CPU_ISA)")
 
 
 def _engine_kwargs(a: argparse.Namespace) -> dict:
-    return dict(dtype=a.dtype, quantization=a.quantization, enforce_eager=a.enforce_eager, max_model_len=a.max_model_len,
+    isa = {} if a.cpu_isa is None else {"cpu_isa": a.cpu_isa}  # unset: ACTORSERVE_CPU_ISA, or this CPU
+    return dict(**isa, tokenizer=a.tokenizer, dtype=a.dtype, quantization=a.quantization, enforce_eager=a.enforce_eager, max_model_len=a.max_model_len,
                 max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens, kv_cache_memory=a.kv_cache_memory,
                 enable_prefix_caching=not a.no_prefix_caching, seed=a.seed,
                 pipeline_parallel_size=a.pipeline_parallel_size)
@@ -84,11 +89,10 @@ def _engine_from(a: argparse.Namespace):
 def _serve_http(a: argparse.Namespace) -> int:
     import uvloop
 
-    from frontend.server import serve
+    from actorserve.frontend.server import serve
 
     a.model = a.model_tag or a.model
-    return uvloop.run(serve(_engine_from(a), a.host, a.port, a.model, a.tokenizer, a.served_model_name,
-                            a.api_key))
+    return uvloop.run(serve(_engine_from(a), a.host, a.port, a.model, a.served_model_name, a.api_key))
 
 
 def _run_batch(a: argparse.Namespace) -> int:
@@ -96,8 +100,8 @@ def _run_batch(a: argparse.Namespace) -> int:
 
     import uvloop
 
-    from frontend.batch import run_batch
-    from frontend.server import build_context
+    from actorserve.frontend.batch import run_batch
+    from actorserve.frontend.server import build_context
 
     with open(a.input_file) as f:
         lines = [line for line in f if line.strip()]
@@ -105,7 +109,7 @@ def _run_batch(a: argparse.Namespace) -> int:
     async def run() -> list[dict]:
         engine = _engine_from(a)
         try:
-            ctx = await build_context(engine, a.model, a.tokenizer, a.served_model_name)
+            ctx = await build_context(engine, a.model, a.served_model_name)
             return await run_batch(ctx, lines)
         finally:
             await engine.close()
@@ -163,13 +167,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     http.add_argument("--port", type=int, default=8000)
     http.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1")
     http.add_argument("--served-model-name", default=None)
-    http.add_argument("--tokenizer", default=None)
     _engine_args(http)
     batch = sub.add_parser("run-batch", help="run an OpenAI batch file (JSONL) offline")
     batch.add_argument("-i", "--input-file", required=True)
     batch.add_argument("-o", "--output-file", required=True)
     batch.add_argument("--served-model-name", default=None)
-    batch.add_argument("--tokenizer", default=None)
     _engine_args(batch)
     _bench_parsers(sub)
     args = parser.parse_args(argv)
