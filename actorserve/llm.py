@@ -8,13 +8,14 @@ import itertools
 import time
 from typing import Any, Optional, Sequence, Union
 
-from runtime.config import EngineConfig
-from runtime.engine.outputs import RequestOutput
-from runtime.engine.sampling_params import SamplingParams
-from runtime.background import BackgroundEngine
-from runtime.inprocess import build_engine
-from runtime.logs import setup_logging
-from runtime.model.loader import load_tokenizer, resolve_model_path
+from actorserve.runtime.config import EngineConfig
+from actorserve.runtime.engine.outputs import RequestOutput
+from actorserve.runtime.engine.sampling_params import SamplingParams
+from actorserve.runtime.background import BackgroundEngine
+from actorserve.runtime.inprocess import build_engine
+from actorserve.runtime.logs import setup_logging
+from actorserve.runtime.model.loader import resolve_model_path
+from actorserve.runtime.model.tokenizer import load_tokenizer
 
 PromptType = Union[str, dict[str, Any]]
 

@@ -14,14 +14,14 @@ from typing import Optional
 import msgspec
 import zmq.asyncio
 
-from runtime.actor import Actor
-from runtime.actors.addresses import Addresses
-from runtime.config import EngineConfig
-from runtime.engine.core import EngineCore, ModelFacts
-from runtime.engine.outputs import RequestUpdate
-from runtime.engine.sampling_params import SamplingParams
-from runtime.transport.channel import Channel, Envelope
-from runtime.transport.messages import (AbortRequest, AddRequest, ErrorReply, ExecuteBatch, HealthPing, HealthPong,
+from actorserve.runtime.actor import Actor
+from actorserve.runtime.actors.addresses import Addresses
+from actorserve.runtime.config import EngineConfig
+from actorserve.runtime.engine.core import EngineCore, ModelFacts
+from actorserve.runtime.engine.outputs import RequestUpdate
+from actorserve.runtime.engine.sampling_params import SamplingParams
+from actorserve.runtime.transport.channel import Channel, Envelope
+from actorserve.runtime.transport.messages import (AbortRequest, AddRequest, ErrorReply, ExecuteBatch, HealthPing, HealthPong,
                                         PROTOCOL_VERSION, RequestOutputDelta, SampleDelta, Shutdown, StepResult,
                                         TokenLogprob, WorkerReady)
 
@@ -47,7 +47,8 @@ class SchedulerActor(Actor):
         inbox = self.channel(Channel(self.ctx, "pull", self.addresses.scheduler_in, bind=True))
         self.to_worker = self.channel(Channel(self.ctx, "push", self.addresses.worker_in, bind=False))
         if not self.config.model.skip_tokenizer_init:
-            from runtime.model.loader import load_tokenizer, resolve_model_path
+            from actorserve.runtime.model.loader import resolve_model_path
+            from actorserve.runtime.model.tokenizer import load_tokenizer
 
             self.tokenizer = load_tokenizer(self.config.model.tokenizer or resolve_model_path(self.config.model.model))
         envelope = await asyncio.wait_for(inbox.recv(), self.config.runtime.start_timeout)

@@ -12,10 +12,10 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from kernels.attention import AttentionBackend
-from kernels.gemm import linear, prepacked
-from runtime.model.arch_config import ArchConfig
-from runtime.model.layers import GatedMLP, Linear, RMSNorm, RotaryEmbedding, apply_rotary, rope_inv_freq
+from actorserve.kernels.attention import AttentionBackend
+from actorserve.kernels.gemm import linear, prepacked
+from actorserve.runtime.model.arch_config import ArchConfig
+from actorserve.runtime.model.layers import GatedMLP, Linear, RMSNorm, RotaryEmbedding, apply_rotary, rope_inv_freq
 
 
 class Attention(nn.Module):
@@ -99,7 +99,10 @@ class DecoderBody(nn.Module):
     def __init__(self, cfg: ArchConfig, stage: Stage) -> None:
         super().__init__()
         tied_head = stage.last and cfg.tie_word_embeddings
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size) if stage.first or tied_head else None
+        # _weight: no random init (the loader writes every row; on the meta device normal_ would import dynamo)
+        self.embed_tokens = (nn.Embedding(cfg.vocab_size, cfg.hidden_size,
+                                          _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
+                             if stage.first or tied_head else None)
         # Keyed by the global layer index, so parameter names match the checkpoint on every stage.
         self.layers = nn.ModuleDict({str(i): DecoderLayer(cfg) for i in range(stage.start, stage.end)})
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if stage.last else None

@@ -8,11 +8,12 @@ from __future__ import annotations
 import re
 from typing import Callable, Iterator
 
-import numpy as np
 import torch
 
-from runtime.errors import ModelLoadError
-from runtime.model.arch_config import ArchConfig
+from actorserve.runtime.errors import ModelLoadError
+from actorserve.runtime.model.arch_config import ArchConfig
+from actorserve.runtime.model.gguf_dequant import dequantize
+from actorserve.runtime.model.gguf_file import GGUFFile
 
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
 
@@ -41,27 +42,19 @@ ROPE_FREQS = "rope_freqs.weight"  # llama3-style per-frequency divisors, applied
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
 
 
-def _reader(path: str):
-    import gguf
-
-    try:
-        return gguf.GGUFReader(path)
-    except Exception as exc:  # the gguf package raises bare ValueErrors and struct errors on bad files
-        raise ModelLoadError(f"{path} is not a readable GGUF file: {exc}") from exc
+def _field(reader: GGUFFile, key: str, default=None):
+    return reader.fields.get(key, default)
 
 
-def _field(reader, key: str, default=None):
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
-
-
-def read_config(reader) -> ArchConfig:
+def read_config(reader: GGUFFile) -> ArchConfig:
     arch = _field(reader, "general.architecture")
     if arch not in ("llama", "qwen2", "qwen3"):
         raise ModelLoadError(f"unsupported GGUF architecture {arch!r}; supported: llama, qwen2, qwen3")
     a = lambda key, default=None: _field(reader, f"{arch}.{key}", default)  # noqa: E731
     names = {t.name for t in reader.tensors}
-    vocab = a("vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
+    vocab = a("vocab_size") or len(reader.fields.get("tokenizer.ggml.tokens", ()))
+    if not vocab:
+        raise ModelLoadError(f"{reader.path} gives neither {arch}.vocab_size nor a tokenizer vocabulary")
     heads = a("attention.head_count")
     hidden = a("embedding_length")
     return ArchConfig(
@@ -85,32 +78,28 @@ def _hf_name(name: str) -> str:
     raise ModelLoadError(f"GGUF tensor {name!r} has no place in the model")
 
 
-def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     dim = w.shape[0] // n_head // 2
-    return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
+    return w.reshape(n_head, dim, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def iter_tensors(reader, cfg: ArchConfig, wanted: Callable[[str], bool] = lambda name: True,
+def iter_tensors(reader: GGUFFile, cfg: ArchConfig, wanted: Callable[[str], bool] = lambda name: True,
                  ) -> Iterator[tuple[str, torch.Tensor]]:
     """HF-named fp32 tensors; ``wanted`` filters by name before anything is dequantized."""
-    from gguf.quants import dequantize
-
     for t in reader.tensors:
         name = _hf_name(t.name)
         if not wanted(name):
             continue
-        kind = t.tensor_type.name
-        if kind not in SUPPORTED_TYPES:
-            raise ModelLoadError(f"GGUF tensor {t.name} has type {kind}; supported: {', '.join(SUPPORTED_TYPES)}")
-        array = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
-        array = array.reshape([int(d) for d in reversed(t.shape)])
+        if t.type_name not in SUPPORTED_TYPES:
+            raise ModelLoadError(f"GGUF tensor {t.name} has type {t.type_name}; supported: {', '.join(SUPPORTED_TYPES)}")
+        tensor = dequantize(reader.tensor_data(t), t.type_name, tuple(int(d) for d in reversed(t.shape)))
         if cfg.arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
-            array = _unpermute(array, cfg.num_heads)
+            tensor = _unpermute(tensor, cfg.num_heads)
         elif cfg.arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
-            array = _unpermute(array, cfg.num_kv_heads)
-        yield name, torch.from_numpy(array if array.flags.writeable else array.copy())
+            tensor = _unpermute(tensor, cfg.num_kv_heads)
+        yield name, tensor
 
 
-def open_gguf(path: str):
-    reader = _reader(path)
+def open_gguf(path: str) -> tuple[GGUFFile, ArchConfig]:
+    reader = GGUFFile(path)
     return reader, read_config(reader)

@@ -12,11 +12,12 @@ from typing import Any, Iterable, Optional
 
 import torch
 
-from runtime.config import QUANTIZATIONS
-from runtime.errors import ModelLoadError
-from runtime.model import gguf_weights, hf_weights
-from runtime.model.arch_config import ArchConfig
-from runtime.model.decoder import CausalLM, Stage
+from actorserve.runtime.config import QUANTIZATIONS
+from actorserve.runtime.errors import ModelLoadError
+from actorserve.runtime.model import gguf_weights, hf_weights
+from actorserve.runtime.model.arch_config import ArchConfig
+from actorserve.runtime.model.decoder import CausalLM, Stage
+from actorserve.runtime.model.tokenizer import load_tokenizer
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -116,12 +117,3 @@ def load_weights(net: CausalLM, tensors: Iterable[tuple[str, torch.Tensor]]) -> 
     return freq_factors
 
 
-def load_tokenizer(path: str):
-    from transformers import AutoTokenizer
-
-    try:
-        if os.path.isfile(path) and path.endswith(".gguf"):
-            return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
-        return AutoTokenizer.from_pretrained(path)
-    except Exception as exc:  # transformers raises many kinds here; the caller needs one
-        raise ModelLoadError(f"could not load a tokenizer from {path}: {exc}") from exc

@@ -5,22 +5,40 @@ attention metadata, runs the model, and samples the requests whose chunk reached
 """
 from __future__ import annotations
 
+import math
+import mmap
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 
-from kernels.attention import AttentionMetadata, SequenceGroup, TorchRefBackend, cpu_decode
-from runtime.engine.batch import ModelRunnerOutput, ScheduledChunk, SchedulerOutput
-from runtime.model.arch_config import ArchConfig
-from runtime.model.decode_fast_path import DecodeFastPath
-from runtime.model.decoder import CausalLM
-from runtime.model.sampler import Sampler, SamplingRow
+from actorserve.kernels.attention import AttentionMetadata, SequenceGroup, TorchRefBackend, cpu_decode
+from actorserve.runtime.engine.batch import ModelRunnerOutput, ScheduledChunk, SchedulerOutput
+from actorserve.runtime.model.arch_config import ArchConfig
+from actorserve.runtime.model.decode_fast_path import DecodeFastPath
+from actorserve.runtime.model.decoder import CausalLM
+from actorserve.runtime.model.sampler import Sampler, SamplingRow
 
 
 def kv_bytes_per_block(cfg: ArchConfig, block_size: int, dtype: torch.dtype) -> int:
     elem = torch.empty((), dtype=dtype).element_size()
     return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * elem
+
+
+def _zeroed_caches(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+                   layers: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's K and V pools, all zeros (a never-written slot must not hold a NaN that masking cannot
+    hide). On the CPU they are views of one anonymous mapping, which the OS hands out as zero pages when
+    first touched: start-up does not write gigabytes of zeros, and untouched blocks cost no memory."""
+    if device.type != "cpu":
+        return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+                for _ in range(layers)]
+    per = math.prod(shape)
+    nbytes = 2 * layers * per * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0:
+        return [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(layers)]
+    pool = torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8).view(dtype).view(2 * layers, *shape)
+    return [(pool[2 * i], pool[2 * i + 1]) for i in range(layers)]
 
 
 @dataclass
@@ -43,9 +61,7 @@ class ModelRunner:
         dtype = model.dtype
         self.backend = self._backend_class(cfg, dtype)(cfg.num_kv_heads, num_blocks, block_size)
         shape = self.backend.kv_cache_shape(num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=self.device),
-                           torch.zeros(shape, dtype=dtype, device=self.device))
-                          for _ in range(model.num_local_layers)]
+        self.kv_caches = _zeroed_caches(shape, dtype, self.device, model.num_local_layers)
         # decode-only steps skip module dispatch where the model's kernels allow (None: every step eager)
         self.fast_decode = DecodeFastPath.build(model, self.backend) if fast_decode else None
         self.sampler = Sampler(seed)

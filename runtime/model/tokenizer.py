@@ -1,0 +1,89 @@
+"""The tokenizer of a model path: an HF directory's own, or the one a GGUF file describes.
+
+Runs in every process that tokenizes or detokenizes (frontend, scheduler, offline engine). transformers
+builds a GGUF file's tokenizer by parsing the file's metadata and converting its vocabulary and merges,
+which takes seconds, and the frontend and the scheduler each do it at every start. The converted
+tokenizer is therefore saved once (``save_pretrained``) in a small on-disk cache keyed by the file
+(path, size, modification time) and the transformers and tokenizers versions, and later starts load that
+instead. The cache holds a bounded number of entries, is written atomically (several processes may
+convert the same file at once), and is only a shortcut: any failure falls back to the conversion.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+from actorserve.runtime.errors import ModelLoadError
+
+log = logging.getLogger("actorserve")
+
+CACHE_ENTRIES = 8  # converted tokenizers kept; the oldest goes first
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("ACTORSERVE_TOKENIZER_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "actorserve" / "tokenizers"
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    try:
+        if os.path.isfile(path) and path.endswith(".gguf"):
+            return _gguf_tokenizer(path)
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as exc:  # transformers raises many kinds here; the caller needs one
+        raise ModelLoadError(f"could not load a tokenizer from {path}: {exc}") from exc
+
+
+def _gguf_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    entry = _entry(path)
+    if entry is not None and (entry / "tokenizer_config.json").is_file():
+        try:
+            return AutoTokenizer.from_pretrained(str(entry))
+        except Exception as exc:  # a damaged entry: convert again, and replace it
+            log.warning("the cached tokenizer %s did not load (%s); converting the GGUF file again", entry, exc)
+    tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    if entry is not None:
+        _store(tokenizer, entry)
+    return tokenizer
+
+
+def _entry(path: str) -> Optional[Path]:
+    try:
+        import tokenizers
+        import transformers
+
+        st = os.stat(path)
+    except (OSError, ImportError):
+        return None
+    key = "\0".join([os.path.realpath(path), str(st.st_size), str(st.st_mtime_ns), transformers.__version__,
+                     tokenizers.__version__])
+    return cache_dir() / hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+def _store(tokenizer, entry: Path) -> None:
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=entry.parent, prefix=".tmp-") as tmp:
+            tokenizer.save_pretrained(tmp)
+            shutil.rmtree(entry, ignore_errors=True)
+            os.replace(tmp, entry)
+            os.makedirs(tmp)  # for TemporaryDirectory's own clean-up
+        _prune(entry.parent, keep=entry)
+    except OSError as exc:
+        log.info("could not cache the converted tokenizer in %s (%s)", entry, exc)
+
+
+def _prune(root: Path, keep: Path) -> None:
+    entries = sorted((p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")),
+                     key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in [p for p in entries if p != keep][CACHE_ENTRIES - 1:]:
+        shutil.rmtree(old, ignore_errors=True)
