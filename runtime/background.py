@@ -52,7 +52,10 @@ class BackgroundEngine:
         for task in pending:
             task.cancel()  # leaving their streams aborts them in the scheduler
         await asyncio.gather(*pending, return_exceptions=True)
-        return [t.result() for t in tasks]  # raises the first error, if any
+        failed = next((t for t in tasks if t in done and t.exception() is not None), None)
+        if failed is not None:
+            raise failed.exception()  # the error itself, not the cancellation of the others
+        return [t.result() for t in tasks]
 
     def close(self) -> None:
         if self._loop.is_closed():

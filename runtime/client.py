@@ -49,27 +49,27 @@ class ZmqClient:
 
     def _connect(self) -> Channel:
         if self._channel is None:
-            self._channel = Channel(self._ctx, "dealer", self.address, bind=False,
-                                    identity=uuid.uuid4().hex.encode())
+            watched = not self.address.startswith("inproc://")  # inproc has no connection events
+            self._channel = Channel(self._ctx, "dealer", self.address, bind=False, identity=uuid.uuid4().hex.encode(),
+                                    monitor_events=zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED if watched else 0)
             self._receiver = asyncio.ensure_future(self._receive())
-            monitor = self._channel.socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-            self._monitor = asyncio.ensure_future(self._watch(monitor))
+            if watched:
+                self._monitor = asyncio.ensure_future(self._watch(self._channel.monitor))
+            else:
+                self._connected.set()
         return self._channel
 
     async def _watch(self, monitor) -> None:
         from zmq.utils.monitor import parse_monitor_message
 
-        try:
-            while True:
-                event = parse_monitor_message(await monitor.recv_multipart())["event"]
-                if event == zmq.EVENT_CONNECTED:
-                    self._answered = False
-                    self._connected.set()
-                elif event == zmq.EVENT_DISCONNECTED:
-                    self._connected.clear()
-                    self._fail_in_flight(self._went_away())
-        finally:
-            monitor.close(linger=0)
+        while True:
+            event = parse_monitor_message(await monitor.recv_multipart())["event"]
+            if event == zmq.EVENT_CONNECTED:
+                self._answered = False
+                self._connected.set()
+            elif event == zmq.EVENT_DISCONNECTED:
+                self._connected.clear()
+                self._fail_in_flight(self._went_away())
 
     def _went_away(self) -> EngineDeadError:
         if self._answered:
@@ -89,6 +89,7 @@ class ZmqClient:
         while True:
             envelope = await self._channel.recv()
             self._answered = True
+            self._connected.set()  # an answer proves the connection, whatever the monitor said
             message = envelope.message
             if isinstance(message, RequestOutputDelta):
                 queue = self._streams.get(message.request_id)
@@ -173,8 +174,6 @@ class ZmqClient:
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-        if self._channel is not None:
-            self._channel.socket.disable_monitor()
         if self._channel is not None:
             self._channel.close()
         if self._own_ctx:

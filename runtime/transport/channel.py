@@ -48,7 +48,7 @@ class _TrackerHandle:
 
 class Channel:
     def __init__(self, ctx: zmq.asyncio.Context, kind: str, address: str, bind: bool,
-                 identity: Optional[bytes] = None) -> None:
+                 identity: Optional[bytes] = None, monitor_events: int = 0) -> None:
         self.kind = kind
         self.address = address
         self.socket = ctx.socket(_KINDS[kind])
@@ -59,6 +59,8 @@ class Channel:
         if identity is not None:
             self.socket.setsockopt(zmq.IDENTITY, identity)
         self.bind = bind
+        # attached before connecting, so that no event (the first connection above all) goes unseen
+        self.monitor = self.socket.get_monitor_socket(monitor_events) if monitor_events else None
         (self.socket.bind if bind else self.socket.connect)(address)
         self._codec = Codec()
         self._pending = PendingSends(max_entries=64)
@@ -87,6 +89,9 @@ class Channel:
 
     def close(self) -> None:
         self._pending.drain()
+        if self.monitor is not None:
+            self.socket.disable_monitor()
+            self.monitor.close(linger=0)
         self.socket.close(linger=0)
         if self.bind and self.address.startswith("ipc://"):
             _remove_ipc_path(self.address[len("ipc://"):])
