@@ -64,19 +64,22 @@ def test_bfloat16_ranks_the_fp32_reference_tokens_first_up_to_rounding(greedy_re
 def test_int8_quantization_keeps_the_answers(greedy_reference):
     """W8A8 int8 (``quantization="int8"``) is an approximation, so its tokens drift from the reference
     within some tokens (median 12 of 64 on the benchmark prompts, bf16's 17); a broken product would show
-    as nonsense at once. Its answers keep the facts of the reference's, in the batch and alone."""
+    as nonsense at once. Its answers keep the facts of the reference's, in the batch and alone. Each answer
+    starts from the reference's first token: there fp32 itself is a near-tie ("The" 0.08 nats above "L"
+    after the capital question), which int8 tips either way depending on which CPU's paths ran."""
     from actorserve import LLM
 
     llm = LLM(dtype="bfloat16", quantization="int8", kv_cache_memory=128 << 20, max_model_len=2048)
     refs = greedy_reference["prompts"]
     facts = {"capital of France": "Paris", "sky blue": "Rayleigh"}
+    started = lambda ref: {"prompt_token_ids": ref["prompt_ids"] + ref["output_ids"][:1]}  # noqa: E731
     for ref in refs:
         fact = next((v for k, v in facts.items() if all(w in ref["user_prompt"] for w in k.split())), None)
         if fact is None:
             continue
         assert fact in ref["output_text"]
-        alone = llm.generate({"prompt_token_ids": ref["prompt_ids"]}, GREEDY, use_tqdm=False)[0]
+        alone = llm.generate(started(ref), GREEDY, use_tqdm=False)[0]
         assert fact in alone.outputs[0].text, (ref["user_prompt"], alone.outputs[0].text)
-    batch = llm.generate([{"prompt_token_ids": r["prompt_ids"]} for r in refs], GREEDY, use_tqdm=False)
+    batch = llm.generate([started(r) for r in refs], GREEDY, use_tqdm=False)
     texts = [o.outputs[0].text for o in batch]
     assert sum(any(v in t for v in facts.values()) for t in texts) == 2, texts
