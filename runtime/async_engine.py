@@ -79,7 +79,7 @@ class AsyncEngine:
             self._dead = EngineStartError(f"the engine failed to start: {type(exc).__name__}: {exc}")
             self._dead_event.set()
             raise self._dead from exc
-        self._client = ZmqClient(backend.addresses.client, self._ctx)
+        self._client = ZmqClient(backend.addresses.client, self._ctx, watch_connection=False)  # supervised
         self._backend = backend
 
     @property

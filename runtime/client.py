@@ -32,8 +32,11 @@ PromptInput = Union[str, list[int], dict]
 
 class ZmqClient:
     def __init__(self, address: str, ctx: Optional[zmq.asyncio.Context] = None,
-                 connect_timeout: Optional[float] = 30.0) -> None:
+                 connect_timeout: Optional[float] = 30.0, watch_connection: bool = True) -> None:
+        """``watch_connection=False``: the caller supervises the server itself (the embedded engine
+        watches its child processes, and fails every stream with the exact cause)."""
         self.address = address
+        self.watch_connection = watch_connection
         self.connect_timeout = connect_timeout
         self._own_ctx = ctx is None
         self._ctx = ctx or zmq.asyncio.Context()
@@ -49,7 +52,8 @@ class ZmqClient:
 
     def _connect(self) -> Channel:
         if self._channel is None:
-            watched = not self.address.startswith("inproc://")  # inproc has no connection events
+            # inproc has no connection events
+            watched = self.watch_connection and not self.address.startswith("inproc://")
             self._channel = Channel(self._ctx, "dealer", self.address, bind=False, identity=uuid.uuid4().hex.encode(),
                                     monitor_events=zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED if watched else 0)
             self._receiver = asyncio.ensure_future(self._receive())
