@@ -38,8 +38,8 @@ class ServingContext:
 
     async def wait_ready(self) -> None:
         """Until the engine is ready; APIError 503 if its start failed."""
-        if self.ready is None:
-            return
+        if self.ready is None or (self.ready.done() and not self.starting_or_failed()):
+            return  # ready: the common case, without a shield per request
         try:
             await asyncio.shield(self.ready)
         except asyncio.CancelledError:

@@ -1,8 +1,8 @@
 """What this CPU and this torch can do, decided once per process: the gates of every CPU fast path.
 
 Runs wherever kernels run (worker, in-process engine, tests). The launcher resolves ``CpuPaths`` while it
-builds the config (``runtime.config.DeviceConfig.resolve``), logs them once, and each worker installs the
-paths it was handed (``use``) before it loads a model; a process that was handed none (a kernel called
+builds the config (``runtime.config.DeviceConfig.resolve``); each worker installs the paths it was handed
+(``use``) before it loads a model, and logs them; a process that was handed none (a kernel called
 directly) detects them on first ask, from the same override.
 
 Each path has its own predicate, so that one missing instruction switches off only what needs it:

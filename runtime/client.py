@@ -9,7 +9,7 @@ every call in flight fails at once instead of waiting for answers that cannot co
 if the server never answered on that connection (it went away while starting), else EngineDeadError. ZMQ
 reconnects by itself, so a later call goes to whatever serves the address then. A call that finds no
 server listening for ``connect_timeout`` seconds fails with EngineStartError too (the server process binds
-its socket within seconds of starting, long before the model is loaded).
+its socket early in its start, long before the model is loaded).
 """
 from __future__ import annotations
 

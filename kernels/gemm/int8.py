@@ -9,8 +9,8 @@ here; vLLM's compressed-tensors W8A8 with dynamic per-token activation scales):
     x_q = round(x / s_x), s_x = amax(|x[m, :]|) / 127          (symmetric, per row, every call)
     y   = (x_q @ w_q.T) * s_x[m] * s_w[n] (+ bias)             (int32 products, exact; scaled in fp32)
 
-The product itself is ``torch._int_mm`` (oneDNN's s8s8s32 GEMM; an int32 torch product where that does not run); the two row passes around it are
-``int8_bf16.c`` for bf16 activations, with the torch sequences below as their reference and fallback. It
+The product itself is ``torch._int_mm`` (oneDNN's s8s8s32 GEMM; an int32 torch product where that does
+not run); the two row passes around it are ``int8_bf16.c`` for bf16 activations, with the torch sequences below as their reference and fallback. It
 is an approximation of the model (about 7 bits per activation), which is why it is opt-in: greedy tokens
 follow the fp32 engine's for a median of 12 of 64 tokens on the benchmark prompts, bf16's for 17
 (``tests/kernels/gemm/test_int8.py`` bounds the products' and a layer's error). The lm_head stays in the model's dtype, as in vLLM, since its rows are what the sampler ranks.

@@ -1,8 +1,8 @@
 """The GGUF container: header, metadata and tensor table parsed in one pass, tensor data memory-mapped.
 
 Runs in a worker (or wherever a GGUF model is loaded). gguf-py's GGUFReader builds a numpy view per part
-of every metadata field; a tokenizer's vocabulary and merges are about 200,000 parts, which makes opening
-a small model take seconds on a 2-core machine before any weight is read. This parser reads the same
+of every metadata field; a tokenizer's vocabulary and merges are hundreds of thousands of parts, which makes
+opening a small model slow before any weight is read. This parser reads the same
 format (versions 2 and 3, little-endian) with ``struct`` and keeps string arrays as Python lists; the
 quantization types, block sizes and dequantization stay gguf-py's (``gguf.quants``).
 """

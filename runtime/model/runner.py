@@ -30,13 +30,10 @@ def _zeroed_caches(shape: tuple[int, ...], dtype: torch.dtype, device: torch.dev
     """Each layer's K and V pools, all zeros (a never-written slot must not hold a NaN that masking cannot
     hide). On the CPU they are views of one anonymous mapping, which the OS hands out as zero pages when
     first touched: start-up does not write gigabytes of zeros, and untouched blocks cost no memory."""
-    if device.type != "cpu":
+    nbytes = 2 * layers * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if device.type != "cpu" or nbytes == 0:  # (an empty mapping is an error)
         return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
                 for _ in range(layers)]
-    per = math.prod(shape)
-    nbytes = 2 * layers * per * torch.empty((), dtype=dtype).element_size()
-    if nbytes == 0:
-        return [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(layers)]
     pool = torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8).view(dtype).view(2 * layers, *shape)
     return [(pool[2 * i], pool[2 * i + 1]) for i in range(layers)]
 

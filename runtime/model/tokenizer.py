@@ -2,7 +2,7 @@
 
 Runs in every process that tokenizes or detokenizes (frontend, scheduler, offline engine). transformers
 builds a GGUF file's tokenizer by parsing the file's metadata and converting its vocabulary and merges,
-which takes seconds, and the frontend and the scheduler each do it at every start. The converted
+which is slow, and the frontend and the scheduler each do it at every start. The converted
 tokenizer is therefore saved once (``save_pretrained``) in a small on-disk cache keyed by the file
 (path, size, modification time) and the transformers and tokenizers versions, and later starts load that
 instead. The cache holds a bounded number of entries, is written atomically (several processes may

@@ -2,7 +2,7 @@
 AMD EPYC (Rome) and of a pre-AVX Intel (Nehalem), where CPUID says what those CPUs say and an AVX-512
 instruction would be a SIGILL. bf16 and int8 must load and generate there (oneDNN's bf16 weight reorder
 raised on such CPUs before the gates asked). Skipped where qemu-x86_64 is not installed (Debian's
-qemu-user); about half a minute a CPU."""
+qemu-user)."""
 import json
 import shutil
 import subprocess
