@@ -13,6 +13,8 @@ import re
 import typing
 from typing import Any, Callable, ClassVar, Optional
 
+import zmq
+
 from actorserve.runtime.transport.channel import Channel, Envelope
 from actorserve.runtime.transport.messages import Message
 
@@ -66,8 +68,22 @@ class Actor:
         return channel
 
     async def _listen(self, channel: Channel) -> None:
+        """Feed the mailbox until the socket closes; a failing receive is logged, never the end of it."""
         while True:
-            envelope = await channel.recv()
+            try:
+                envelope = await channel.recv()
+            except asyncio.CancelledError:
+                raise
+            except zmq.ZMQError as exc:
+                if exc.errno in (zmq.ETERM, zmq.ENOTSOCK):
+                    return
+                log.exception("%s: receiving on %s failed", self.name, channel.name)
+                await asyncio.sleep(0.01)
+                continue
+            except Exception:
+                log.exception("%s: receiving on %s failed", self.name, channel.name)
+                await asyncio.sleep(0.01)
+                continue
             await self.mailbox.put(envelope)
 
     def stop(self) -> None:

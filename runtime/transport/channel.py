@@ -2,15 +2,19 @@
 
 Runs in every process. A Channel is one socket plus the codec: ``send`` encodes a message (tensors as
 extra frames, sent without copying and retained in PendingSends until ZMQ is done with them) and
-``recv`` returns an Envelope whose message is typed, or whose error says why the frames were rejected.
-Receivers bind their inbox (PULL or ROUTER); senders connect (PUSH or DEALER).
+``recv`` returns an Envelope whose message is typed, or whose error says why the frames were rejected:
+no content of a message can make ``recv`` raise. Receivers bind their inbox (PULL or ROUTER); senders
+connect (PUSH or DEALER). A socket that faces clients can cap the size of a message
+(``max_message_bytes``: ZMQ disconnects a peer that sends more, before it is buffered) and report which
+connection each message came from (``Envelope.peer``: the connection's file descriptor, which the socket
+monitor names when that connection closes).
 """
 from __future__ import annotations
 
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import zmq
@@ -31,6 +35,8 @@ class Envelope:
     tensors: list[torch.Tensor] = field(default_factory=list)
     origin: Optional[bytes] = None  # the ROUTER identity of the sender, where there is one
     error: Optional[ProtocolError] = None
+    via: str = ""  # the name of the channel it came in on: a message is trusted only on its own channel
+    peer: Optional[int] = None  # the sender's connection (a file descriptor), where the channel tracks peers
 
 
 class _TrackerHandle:
@@ -48,11 +54,26 @@ class _TrackerHandle:
 
 class Channel:
     def __init__(self, ctx: zmq.asyncio.Context, kind: str, address: str, bind: bool,
-                 identity: Optional[bytes] = None, monitor_events: int = 0) -> None:
+                 identity: Optional[bytes] = None, monitor_events: int = 0, name: str = "",
+                 max_message_bytes: Optional[int] = None, track_peers: bool = False,
+                 configure: Optional[Callable[[zmq.Socket], None]] = None,
+                 heartbeat_s: Optional[float] = None) -> None:
+        """``configure`` sets socket options that must precede bind or connect (CurveZMQ keys).
+        ``heartbeat_s``: ZMTP pings on every connection, so that a peer gone without closing (a host
+        that vanished) is disconnected after three intervals of silence."""
         self.kind = kind
         self.address = address
+        self.name = name or kind
+        self.track_peers = track_peers
         self.socket = ctx.socket(_KINDS[kind])
         self.socket.setsockopt(zmq.LINGER, 0)
+        if max_message_bytes is not None:
+            self.socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+        if heartbeat_s is not None:
+            self.socket.setsockopt(zmq.HEARTBEAT_IVL, int(heartbeat_s * 1000))
+            self.socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(3 * heartbeat_s * 1000))
+        if configure is not None:
+            configure(self.socket)
         # Outputs must never be dropped at a high-water mark (ROUTER drops silently): no limit.
         self.socket.setsockopt(zmq.SNDHWM, 0)
         self.socket.setsockopt(zmq.RCVHWM, 0)
@@ -77,15 +98,21 @@ class Channel:
         self._pending.add([tensors, frames], host=[_TrackerHandle(tracker)])
 
     async def recv(self) -> Envelope:
-        frames = await self.socket.recv_multipart(copy=True)
+        peer = None
+        if self.track_peers:
+            raw = await self.socket.recv_multipart(copy=False)
+            peer = raw[0].get(zmq.SRCFD)
+            frames = [f.bytes for f in raw]
+        else:
+            frames = await self.socket.recv_multipart(copy=True)
         origin = None
         if self.kind == "router":
             origin, frames = frames[0], frames[1:]
         try:
             message, tensors = self._codec.decode(frames)
         except ProtocolError as exc:
-            return Envelope(None, origin=origin, error=exc)
-        return Envelope(message, tensors, origin)
+            return Envelope(None, origin=origin, error=exc, via=self.name, peer=peer)
+        return Envelope(message, tensors, origin, via=self.name, peer=peer)
 
     def close(self) -> None:
         self._pending.drain()

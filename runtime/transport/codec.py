@@ -2,11 +2,14 @@
 
 A message that carries tensors refers to them by TensorRef (index into the frames that follow the
 header). Sending aliases the tensor memory (no copy; the sender keeps it alive until the send is done,
-see pending.py); the receiver copies once only where the received buffer is read-only. Decoding is typed: a frame
-that is not a known Message raises ProtocolError, and the caller replies or drops it.
+see pending.py); the receiver copies once only where the received buffer is read-only. Decoding is typed
+and total: whatever the frames hold (not msgpack, an unknown type, nesting too deep, a tensor reference
+to a missing frame, a shape that does not match its buffer), decode raises ProtocolError and nothing
+else, so the caller replies and goes on.
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import msgspec
@@ -17,6 +20,10 @@ from actorserve.runtime.errors import ActorServeError
 from actorserve.runtime.transport.messages import Message
 
 _NUMPY_VIEW = {torch.bfloat16: torch.int16}  # numpy has no bfloat16: travel as raw 16-bit words
+# The dtypes a tensor may travel as; a name outside this set is refused before torch sees it.
+_DTYPES = {name: getattr(torch, name) for name in (
+    "float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")}
+MAX_TENSOR_DIMS = 8
 
 
 class ProtocolError(ActorServeError):
@@ -53,17 +60,31 @@ class Codec:
             refs = self._ref_decoder.decode(frames[1]) if len(frames) > 1 else []
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise ProtocolError(f"undecodable message: {exc}") from exc
-        if len(frames) > 1 and len(refs) != len(frames) - 2:
-            raise ProtocolError(f"message names {len(refs)} tensors but carries {len(frames) - 2}")
-        return message, [_rebuild(ref, frames[2 + ref.frame]) for ref in refs]
+        except (RecursionError, MemoryError, OverflowError, ValueError, TypeError) as exc:
+            raise ProtocolError(f"undecodable message: {type(exc).__name__}: {exc}") from None
+        buffers = frames[2:]
+        if len(frames) > 1 and len(refs) != len(buffers):
+            raise ProtocolError(f"message names {len(refs)} tensors but carries {len(buffers)}")
+        if sorted(ref.frame for ref in refs) != list(range(len(refs))):
+            raise ProtocolError(f"tensor references {[r.frame for r in refs]} do not name each frame once")
+        return message, [_rebuild(ref, buffers[ref.frame]) for ref in refs]
 
 
 def _rebuild(ref: TensorRef, buffer) -> torch.Tensor:
-    dtype = getattr(torch, ref.dtype, None)
-    if not isinstance(dtype, torch.dtype):
+    """The tensor a reference names, checked against its buffer before any memory is touched."""
+    dtype = _DTYPES.get(ref.dtype)
+    if dtype is None:
         raise ProtocolError(f"unknown tensor dtype {ref.dtype!r}")
+    if len(ref.shape) > MAX_TENSOR_DIMS or any(d < 0 for d in ref.shape):
+        raise ProtocolError(f"bad tensor shape {ref.shape[:MAX_TENSOR_DIMS + 1]}")
     carrier = _NUMPY_VIEW.get(dtype, dtype)
-    if 0 in ref.shape:
+    itemsize = torch.empty((), dtype=carrier).element_size()
+    numel = math.prod(ref.shape)  # a Python int: a huge shape cannot overflow into a small one
+    size = memoryview(buffer).nbytes
+    if numel * itemsize != size:
+        raise ProtocolError(f"tensor of shape {ref.shape} and dtype {ref.dtype} needs {numel * itemsize} bytes, "
+                            f"its frame has {size}")
+    if numel == 0:
         return torch.empty(ref.shape, dtype=dtype)
     array = np.frombuffer(buffer, dtype=torch.empty((), dtype=carrier).numpy().dtype)
     return torch.from_numpy(array.copy() if not array.flags.writeable else array).view(dtype).reshape(ref.shape)
