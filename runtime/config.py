@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from actorserve.kernels.capability import ISAS, CpuPaths, detect
+from actorserve.runtime.engine.sampling_params import MAX_N
 
 BLOCK_SIZE = 16
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -72,8 +73,11 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     enable_chunked_prefill: bool = True
+    max_n: int = 128  # the most samples one request may ask for (n), at every way in
 
     def validate(self) -> None:
+        if not 1 <= self.max_n <= MAX_N:
+            raise ValueError(f"max_n must be in [1, {MAX_N}], got {self.max_n}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:
@@ -145,6 +149,20 @@ class RuntimeConfig:
     start_timeout: float = 300.0  # seconds for every child to load and report ready
     shutdown_timeout: float = 5.0  # seconds from close() or SIGTERM until every child has exited
     health_timeout: float = 5.0  # a health ping not answered in this long means the engine is stuck
+    # A child whose loop has not beaten its heartbeat for this long is hung: the engine is declared dead
+    # (longer than any one step, which runs on the worker's loop)
+    hang_timeout: float = 30.0
+    # The largest message a client may send: an HTTP request body, and a ZMQ message (a bigger one gets
+    # the DEALER disconnected before anything is buffered)
+    max_request_body_bytes: int = 4 << 20
+    # With a key, every client message on the ZMQ socket must carry it (``api_key``); others get an error
+    client_api_key: Optional[str] = None
+    # CurveZMQ on the client socket: the server's key pair (a zmq.auth certificate file with the secret
+    # key), and a folder of the clients' public certificates allowed to connect
+    curve_secret_key: Optional[str] = None
+    curve_authorized_keys: Optional[str] = None
+    # the embedded client's own public key (z85), admitted beside the folder's: set by AsyncEngine
+    curve_launcher_key: Optional[str] = None
     log_level: str = field(default_factory=lambda: os.environ.get("ACTORSERVE_LOG_LEVEL", "INFO"))
 
     def validate(self) -> None:
@@ -154,9 +172,22 @@ class RuntimeConfig:
             raise ValueError(f"client_address must be ipc:// or tcp://, got {self.client_address!r}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ValueError(f"log_level must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {self.log_level!r}")
-        for name in ("start_timeout", "shutdown_timeout", "health_timeout"):
+        for name in ("start_timeout", "shutdown_timeout", "health_timeout", "hang_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.max_request_body_bytes < 1024:
+            raise ValueError(f"max_request_body_bytes must be >= 1024, got {self.max_request_body_bytes}")
+        if (self.curve_secret_key is None) != (self.curve_authorized_keys is None):
+            raise ValueError("curve_secret_key and curve_authorized_keys go together")
+        for name in ("curve_secret_key", "curve_authorized_keys"):
+            path = getattr(self, name)
+            if path is not None and not os.path.exists(path):
+                raise ValueError(f"{name}: {path} does not exist")
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """How often each child beats: several beats fit in the hang timeout."""
+        return min(1.0, self.hang_timeout / 5)
 
 
 @dataclass(frozen=True)

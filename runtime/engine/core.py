@@ -17,7 +17,7 @@ from actorserve.runtime.engine.detokenizer import IncrementalDetokenizer
 from actorserve.runtime.engine.kv_cache_manager import KVCacheManager
 from actorserve.runtime.engine.outputs import CompletionOutput, Logprob, RequestOutput, RequestUpdate, SampleUpdate
 from actorserve.runtime.engine.request import Request, RequestStatus
-from actorserve.runtime.engine.sampling_params import SamplingParams, verify_prompt_token_ids
+from actorserve.runtime.engine.sampling_params import RequestLimits, SamplingParams, verify_request
 from actorserve.runtime.engine.scheduler import Scheduler
 
 
@@ -70,6 +70,7 @@ class EngineCore:
         self.facts = facts
         self.executor = executor
         self.tokenizer = tokenizer
+        self.limits = RequestLimits(facts.vocab_size, facts.max_model_len, config.scheduler.max_n)
         self.kv = KVCacheManager(facts.num_kv_blocks, block_size, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self._groups: dict[str, _Group] = {}
@@ -82,13 +83,7 @@ class EngineCore:
         """Validate against the model and queue; raises ValueError (naming the field) without side effects."""
         if request_id in self._groups:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        verify_prompt_token_ids(prompt_token_ids, self.facts.vocab_size)
-        params.verify_for_model(self.facts.vocab_size, self.tokenizer is not None)
-        if len(prompt_token_ids) >= self.facts.max_model_len:
-            raise ValueError(
-                f"prompt has {len(prompt_token_ids)} tokens; max_model_len is {self.facts.max_model_len} "
-                "and at least one token must be generated"
-            )
+        verify_request(prompt_token_ids, params, self.limits, self.tokenizer is not None)
         output = RequestOutput(request_id, prompt, list(prompt_token_ids), [])
         group = _Group(output, [])
         leader: Optional[Request] = None

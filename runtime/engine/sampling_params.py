@@ -1,16 +1,29 @@
-"""SamplingParams with vLLM's names, validated when built.
+"""SamplingParams with vLLM's names, validated when built; the one validator of every request.
 
-Range checks happen at construction; checks that need the model (token ids against the vocab) happen in
-``verify_for_model`` when a request is admitted, before anything reaches the batch.
+Range checks happen at construction, whoever builds the params: the HTTP frontend, the scheduler
+decoding a ZMQ ``add_request``, or a Python caller. Checks that need the engine (token ids against the
+vocabulary, lengths against the context, ``n`` against the configured maximum) are ``verify_request``,
+run by the frontend before it sends and by the engine when it admits, so the three ways in refuse the
+same things with the same words. Every bound is finite: an integer that reaches torch or msgpack fits
+in 64 bits, every list has a ceiling, and a float is finite.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Optional, Union
 
 _GREEDY_EPS = 1e-5
 MAX_LOGPROBS = 20
+MAX_N = 4096  # the ceiling of the configured maximum n (SchedulerConfig.max_n)
+MAX_TOKENS = 1 << 31  # any context is shorter; the engine checks the real one
+MAX_STOP_STRINGS = 64
+MAX_STOP_CHARS = 1024
+MAX_TOKEN_ID_LIST = 4096  # stop_token_ids and logit_bias entries
+LOGIT_BIAS_BOUND = 100.0  # biases are clamped to +-100, as OpenAI and vLLM do
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # what torch.Generator.manual_seed takes
+TOP_K_MAX = (1 << 31) - 1  # top_k is clamped to the vocabulary when sampled
 
 
 @dataclass
@@ -41,7 +54,9 @@ class SamplingParams:
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.logit_bias:
-            self.logit_bias = {_as_token_id(k, "logit_bias"): float(v) for k, v in self.logit_bias.items()}
+            _check(len(self.logit_bias) <= MAX_TOKEN_ID_LIST, "logit_bias",
+                   f"has {len(self.logit_bias)} entries, more than {MAX_TOKEN_ID_LIST}")
+            self.logit_bias = {_as_token_id(k, "logit_bias"): _bias(v) for k, v in self.logit_bias.items()}
         if self.top_k == -1:
             self.top_k = 0
         self._verify()
@@ -51,25 +66,38 @@ class SamplingParams:
         return self.temperature < _GREEDY_EPS
 
     def _verify(self) -> None:
-        _check(isinstance(self.n, int) and self.n >= 1, "n", f"must be an integer >= 1, got {self.n!r}")
+        _check(_is_int(self.n) and 1 <= self.n <= MAX_N, "n", f"must be an integer in [1, {MAX_N}], got {self.n!r}")
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+            value = getattr(self, name)
+            _check(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value), name,
+                   f"must be a finite number, got {value!r}")
         _check(self.temperature >= 0.0, "temperature", f"must be >= 0, got {self.temperature}")
         _check(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
-        _check(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", f"must be -1, 0 or >= 1, got {self.top_k!r}")
+        _check(_is_int(self.top_k) and 0 <= self.top_k <= TOP_K_MAX, "top_k",
+               f"must be -1, 0 or in [1, {TOP_K_MAX}], got {self.top_k!r}")
         _check(0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p}")
         _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", f"must be in [-2, 2], got {self.presence_penalty}")
         _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", f"must be in [-2, 2], got {self.frequency_penalty}")
         _check(self.repetition_penalty > 0.0, "repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
-        _check(self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
-               "max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
-        _check(isinstance(self.min_tokens, int) and self.min_tokens >= 0, "min_tokens", f"must be >= 0, got {self.min_tokens!r}")
+        _check(self.max_tokens is None or (_is_int(self.max_tokens) and 1 <= self.max_tokens <= MAX_TOKENS),
+               "max_tokens", f"must be an integer in [1, {MAX_TOKENS}], got {self.max_tokens!r}")
+        _check(_is_int(self.min_tokens) and 0 <= self.min_tokens <= MAX_TOKENS, "min_tokens",
+               f"must be an integer in [0, {MAX_TOKENS}], got {self.min_tokens!r}")
         _check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
                f"must be <= max_tokens={self.max_tokens}, got {self.min_tokens}")
-        _check(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS),
+        _check(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
                "logprobs", f"must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
-        _check(self.seed is None or isinstance(self.seed, int), "seed", f"must be an integer, got {self.seed!r}")
-        _check(all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings")
-        for tid in self.stop_token_ids:
-            _as_token_id(tid, "stop_token_ids")
+        lo, hi = SEED_RANGE
+        _check(self.seed is None or (_is_int(self.seed) and lo <= self.seed <= hi), "seed",
+               f"must be an integer in [-2^63, 2^64 - 1], got {self.seed!r}")
+        _check(len(self.stop) <= MAX_STOP_STRINGS, "stop", f"has {len(self.stop)} strings, more than {MAX_STOP_STRINGS}")
+        _check(all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in self.stop), "stop",
+               f"must be non-empty strings of at most {MAX_STOP_CHARS} characters")
+        for s in self.stop:
+            check_text(s, "stop")
+        _check(len(self.stop_token_ids) <= MAX_TOKEN_ID_LIST, "stop_token_ids",
+               f"has {len(self.stop_token_ids)} ids, more than {MAX_TOKEN_ID_LIST}")
+        self.stop_token_ids = [_as_token_id(tid, "stop_token_ids") for tid in self.stop_token_ids]
 
     def verify_for_model(self, vocab_size: int, can_detokenize: bool) -> None:
         """Check what needs the model: every token id against the embedding rows (not len(tokenizer))."""
@@ -80,15 +108,71 @@ class SamplingParams:
         _check(can_detokenize or not self.stop, "stop", "stop strings need a tokenizer (skip_tokenizer_init is set)")
 
     def child(self, index: int) -> "SamplingParams":
-        """One of the n samples as its own request; seeded children get distinct, reproducible seeds."""
-        seed = None if self.seed is None else self.seed + index
+        """One of the n samples as its own request; seeded children get distinct, reproducible seeds
+        (modulo 2^64, as torch takes them, so the last seeds of the range wrap instead of overflowing)."""
+        seed = None if self.seed is None else (self.seed + index) % (1 << 64)
         return dataclasses.replace(self, n=1, seed=seed)
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What an engine admits, from its config and its model: every way in checks a request against it."""
+
+    vocab_size: int
+    max_model_len: int
+    max_n: int
+
+
+def verify_request(token_ids: list[int], params: SamplingParams, limits: RequestLimits,
+                   can_detokenize: bool = True) -> None:
+    """The engine-dependent checks, in the words the HTTP frontend and the Python API both use."""
+    n, ctx = len(token_ids), limits.max_model_len
+    _check(n < ctx, "prompt", f"has {n} tokens: this model's maximum context length is {ctx} tokens "
+                              "(max_model_len), leaving no room to generate")  # first: a long list is refused unread
+    verify_prompt_token_ids(token_ids, limits.vocab_size)
+    params.verify_for_model(limits.vocab_size, can_detokenize)
+    _check(params.n <= limits.max_n, "n", f"must be at most {limits.max_n} (the server's max_n), got {params.n}")
+    if params.max_tokens is not None and n + params.max_tokens > ctx:
+        raise ValueError(f"max_tokens: this model's maximum context length is {ctx} tokens. However, you "
+                         f"requested {n + params.max_tokens} tokens ({n} in the prompt, {params.max_tokens} "
+                         "in the completion). Please reduce the length of the prompt or the completion.")
+
+
+def verify_prompt_text(text: str, max_model_len: int, max_token_chars: int, name: str = "prompt") -> None:
+    """Before tokenizing: no token covers more than ``max_token_chars`` characters, so a text longer than
+    twice (for normalizers) ``max_model_len`` of them cannot fit, and is refused without the work."""
+    check_text(text, name)
+    bound = 2 * max_model_len * max(1, max_token_chars)
+    _check(len(text) <= bound, name, f"has {len(text)} characters, more than this model's maximum context length "
+                                     f"of {max_model_len} tokens can hold")
 
 
 def verify_prompt_token_ids(token_ids: list[int], vocab_size: int) -> None:
     _check(len(token_ids) > 0, "prompt", "must not be empty")
-    bad = [t for t in token_ids if not (isinstance(t, int) and 0 <= t < vocab_size)]
+    bad = [t for t in token_ids if not (_is_int(t) and 0 <= t < vocab_size)]
     _check(not bad, "prompt_token_ids", f"has ids {bad[:10]} outside the vocabulary [0, {vocab_size})")
+
+
+def check_text(text: str, name: str) -> None:
+    """Text must be valid Unicode: a lone surrogate (JSON allows "\\ud800") cannot be tokenized or sent."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{name} contains a lone surrogate ({text[exc.start]!a} at {exc.start}), which is not "
+                         "valid Unicode") from None
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _bias(value) -> float:
+    try:
+        bias = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"logit_bias values must be numbers, got {value!r}") from None
+    _check(not math.isnan(bias), "logit_bias", "values must be numbers, got NaN")
+    return max(-LOGIT_BIAS_BOUND, min(LOGIT_BIAS_BOUND, bias))
 
 
 def _as_token_id(value, name: str) -> int:
@@ -98,6 +182,8 @@ def _as_token_id(value, name: str) -> int:
         raise ValueError(f"{name}: {value!r} is not an integer token id") from None
     if isinstance(value, float) and value != token or isinstance(value, bool):
         raise ValueError(f"{name}: {value!r} is not an integer token id")
+    if not -(1 << 63) <= token < (1 << 63):
+        raise ValueError(f"{name}: {value!r} is not a token id of any vocabulary")
     return token
 
 

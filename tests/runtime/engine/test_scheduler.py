@@ -107,7 +107,7 @@ def test_length_limit_of_the_context():
     engine.add_request("a", list(range(60)), SamplingParams(max_tokens=None))
     out = run(engine)["a"]
     assert len(out.outputs[0].token_ids) == 4 and out.outputs[0].finish_reason == "length"
-    with pytest.raises(ValueError, match="max_model_len"):
+    with pytest.raises(ValueError, match="maximum context length is 64"):
         engine.add_request("b", list(range(64)), SamplingParams())
 
 
