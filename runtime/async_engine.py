@@ -36,6 +36,9 @@ class AsyncEngine:
 
     def _init(self, config: EngineConfig) -> None:
         setup_logging(config.runtime.log_level)
+        self._client_options = None
+        if config.runtime.curve_secret_key is not None:  # this client's own key pair, admitted by the server
+            config, self._client_options = _with_launcher_key(config)
         self.config = config
         self._ctx = zmq.asyncio.Context()
         self._backend = None
@@ -68,7 +71,7 @@ class AsyncEngine:
 
     async def _launch(self) -> None:
         inproc = self.config.runtime.mode == "inprocess"
-        backend = InProcessEngine(self.config, self._ctx) if inproc else MultiprocessEngine(self.config)
+        backend = InProcessEngine(self.config, self._ctx) if inproc else MultiprocessEngine(self.config, self._ctx)
         try:
             await backend.start(self._on_death)
         except EngineStartError as exc:
@@ -79,7 +82,8 @@ class AsyncEngine:
             self._dead = EngineStartError(f"the engine failed to start: {type(exc).__name__}: {exc}")
             self._dead_event.set()
             raise self._dead from exc
-        self._client = ZmqClient(backend.addresses.client, self._ctx, watch_connection=False)  # supervised
+        self._client = ZmqClient(backend.addresses.client, self._ctx, watch_connection=False,  # supervised
+                                 api_key=self.config.runtime.client_api_key, configure=self._client_options)
         self._backend = backend
 
     @property
@@ -94,8 +98,8 @@ class AsyncEngine:
     def child_pids(self) -> dict[str, int]:
         return self._backend.pids() if self._backend is not None else {}
 
-    def _on_death(self, name: str, exitcode: Optional[int]) -> None:
-        self._dead = EngineDeadError(f"the engine is dead: {name} exited (code {exitcode})")
+    def _on_death(self, name: str, what: str) -> None:
+        self._dead = EngineDeadError(f"the engine is dead: {what}")
         self._dead_event.set()
         if self._client is not None:
             self._client.fail_all(self._dead)
@@ -142,9 +146,8 @@ class AsyncEngine:
             await asyncio.gather(self._starting, return_exceptions=True)
         if self._backend is not None:
             if self._dead is None:
-                await self._client.shutdown_server("close")
                 self._client.fail_all(EngineDeadError("the engine was closed"))
-            await self._backend.stop()
+            await self._backend.stop("close")
             await self._client.close()
         self._ctx.term()
 
@@ -154,3 +157,17 @@ class AsyncEngine:
 
     async def __aexit__(self, *exc_info) -> None:
         await self.close()
+
+
+def _with_launcher_key(config: EngineConfig):
+    """A fresh CurveZMQ key pair for the embedded client: the public half goes to the server in the config."""
+    import dataclasses
+
+    import zmq.auth
+
+    from actorserve.runtime.transport.client_security import curve_keys
+
+    public, secret = zmq.curve_keypair()
+    server_public, _ = zmq.auth.load_certificate(config.runtime.curve_secret_key)
+    runtime = dataclasses.replace(config.runtime, curve_launcher_key=public.decode())
+    return dataclasses.replace(config, runtime=runtime), curve_keys(server_public, public, secret)

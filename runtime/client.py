@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
-from typing import AsyncIterator, Optional, Union
+from typing import AsyncIterator, Callable, Optional, Union
 
 import zmq.asyncio
 
@@ -25,17 +25,31 @@ from actorserve.runtime.engine.sampling_params import SamplingParams
 from actorserve.runtime.errors import EngineDeadError, EngineStartError
 from actorserve.runtime.transport.channel import Channel
 from actorserve.runtime.transport.messages import (AbortRequest, AddRequest, ErrorReply, HealthPing, HealthPong,
-                                        RequestOutputDelta, Shutdown, WireSamplingParams)
+                                        RequestOutputDelta, WireSamplingParams)
 
 PromptInput = Union[str, list[int], dict]
 
 
 class ZmqClient:
     def __init__(self, address: str, ctx: Optional[zmq.asyncio.Context] = None,
-                 connect_timeout: Optional[float] = 30.0, watch_connection: bool = True) -> None:
+                 connect_timeout: Optional[float] = 30.0, watch_connection: bool = True,
+                 api_key: Optional[str] = None, curve_server_key: Optional[str] = None,
+                 curve_client_key: Optional[str] = None,
+                 configure: Optional[Callable[[zmq.Socket], None]] = None) -> None:
         """``watch_connection=False``: the caller supervises the server itself (the embedded engine
-        watches its child processes, and fails every stream with the exact cause)."""
+        watches its child processes, and fails every stream with the exact cause). ``api_key``: sent
+        with every message, for a server started with one. ``curve_server_key`` (the server's public
+        certificate file) and ``curve_client_key`` (this client's key pair file): CurveZMQ (or
+        ``configure``: socket options set before connecting)."""
         self.address = address
+        self.api_key = api_key
+        self._configure = configure
+        if (curve_server_key is None) != (curve_client_key is None):
+            raise ValueError("curve_server_key and curve_client_key go together")
+        if curve_server_key is not None:
+            from actorserve.runtime.transport.client_security import curve_client
+
+            self._configure = curve_client(curve_server_key, curve_client_key)
         self.watch_connection = watch_connection
         self.connect_timeout = connect_timeout
         self._own_ctx = ctx is None
@@ -55,7 +69,8 @@ class ZmqClient:
             # inproc has no connection events
             watched = self.watch_connection and not self.address.startswith("inproc://")
             self._channel = Channel(self._ctx, "dealer", self.address, bind=False, identity=uuid.uuid4().hex.encode(),
-                                    monitor_events=zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED if watched else 0)
+                                    monitor_events=zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED if watched else 0,
+                                    configure=self._configure)
             self._receiver = asyncio.ensure_future(self._receive())
             if watched:
                 self._monitor = asyncio.ensure_future(self._watch(self._channel.monitor))
@@ -105,6 +120,10 @@ class ZmqClient:
                     fut.set_result(message)
             elif isinstance(message, ErrorReply) and message.request_id in self._streams:
                 self._streams[message.request_id].put_nowait(_error(message))
+            elif isinstance(message, ErrorReply) and message.kind == "AuthenticationError":
+                for fut in self._pings.values():  # a refused ping names no request
+                    if not fut.done():
+                        fut.set_exception(_error(message))
 
     def fail_all(self, exc: BaseException) -> None:
         """The engine died: every open stream and ping raises exc, and so does every later call."""
@@ -126,7 +145,11 @@ class ZmqClient:
         output = RequestOutput(request_id, text, list(ids or []), [CompletionOutput(i) for i in range(params.n)])
         finished = False
         try:
-            await self._connect().send(AddRequest(request_id, to_wire(params), ids, text))
+            try:
+                message = AddRequest(request_id, to_wire(params), ids, text, api_key=self.api_key)
+                await self._connect().send(message)
+            except (OverflowError, TypeError) as exc:  # msgpack cannot carry it: no server can take it
+                raise ValueError(f"prompt_token_ids: {exc}") from None
             while not finished:
                 item = await self._next(queue)
                 if isinstance(item, BaseException):
@@ -136,7 +159,7 @@ class ZmqClient:
         finally:
             self._streams.pop(request_id, None)
             if not finished and self._dead is None and self._channel is not None:
-                await self._channel.send(AbortRequest(request_id))
+                await self._channel.send(AbortRequest(request_id, api_key=self.api_key))
 
     async def _next(self, queue: asyncio.Queue):
         """The stream's next item; EngineStartError if no server is listening for connect_timeout s."""
@@ -155,7 +178,7 @@ class ZmqClient:
 
     async def abort(self, request_id: str) -> None:
         if self._dead is None:
-            await self._connect().send(AbortRequest(request_id))
+            await self._connect().send(AbortRequest(request_id, api_key=self.api_key))
 
     async def check_health(self, timeout: float = 5.0) -> HealthPong:
         """A ping through the scheduler's loop: a stuck loop times out (asyncio.TimeoutError)."""
@@ -164,14 +187,11 @@ class ZmqClient:
         nonce = next(self._nonces)
         fut = asyncio.get_running_loop().create_future()
         self._pings[nonce] = fut
-        await self._connect().send(HealthPing(nonce))
+        await self._connect().send(HealthPing(nonce, api_key=self.api_key))
         try:
             return await asyncio.wait_for(fut, timeout)
         finally:
             self._pings.pop(nonce, None)
-
-    async def shutdown_server(self, reason: str = "client asked") -> None:
-        await self._connect().send(Shutdown(reason))
 
     async def close(self) -> None:
         for task in (self._receiver, self._monitor):
@@ -221,4 +241,6 @@ def _error(reply: ErrorReply) -> BaseException:
         return ValueError(reply.message)
     if reply.kind == "EngineDeadError":
         return EngineDeadError(reply.message)
+    if reply.kind == "AuthenticationError":
+        return PermissionError(reply.message)
     return RuntimeError(f"{reply.kind}: {reply.message}")

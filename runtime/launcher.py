@@ -22,12 +22,31 @@ from actorserve.runtime.config import EngineConfig
 from actorserve.runtime.process import ChildSpec
 from actorserve.runtime.errors import EngineStartError
 from actorserve.runtime.supervisor import Supervisor
+from actorserve.runtime.transport.channel import Channel
+from actorserve.runtime.transport.messages import Shutdown
+
+
+class _Control:
+    """The launcher's end of the scheduler's control socket: the only way to send Shutdown."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, addresses: Addresses) -> None:
+        self._ctx, self._address = ctx, addresses.control
+        self._channel: Optional[Channel] = None
+
+    async def shutdown(self, reason: str) -> None:
+        if self._channel is None:
+            self._channel = Channel(self._ctx, "push", self._address, bind=False)
+        await self._channel.send(Shutdown(reason))
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
 
 
 class MultiprocessEngine:
     """The actors in child processes under a Supervisor."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, ctx: zmq.asyncio.Context) -> None:
         parallel = config.parallel
         if parallel.pipeline_parallel_size > 1 and parallel.master_port is None:
             config = dataclasses.replace(config, parallel=dataclasses.replace(parallel, master_port=_free_port()))
@@ -35,10 +54,11 @@ class MultiprocessEngine:
         self.size = config.parallel.pipeline_parallel_size
         self.directory = tempfile.mkdtemp(prefix="actorserve-")
         self.addresses = Addresses.ipc(self.directory, config.runtime.client_address)
-        self.supervisor = Supervisor(cleanup_dir=self.directory)
+        self.supervisor = Supervisor(self.directory, config.runtime.hang_timeout, config.runtime.heartbeat_interval)
+        self.control = _Control(ctx, self.addresses)
         self.info: dict = {}
 
-    async def start(self, on_death: Callable[[str, Optional[int]], None]) -> None:
+    async def start(self, on_death: Callable[[str, str], None]) -> None:
         for rank in range(self.size):
             self.supervisor.spawn(ChildSpec(f"worker{rank}", "worker", self.config, self.addresses, rank))
         self.supervisor.spawn(ChildSpec("scheduler", "scheduler", self.config, self.addresses))
@@ -52,8 +72,14 @@ class MultiprocessEngine:
     def pids(self) -> dict[str, int]:
         return {c.name: c.process.pid for c in self.supervisor.children}
 
-    async def stop(self) -> None:
-        await self.supervisor.shutdown(self.config.runtime.shutdown_timeout)
+    async def stop(self, reason: str = "close") -> None:
+        """Ask the scheduler to abort what is in flight and stop (a dead engine is not asked), then wait."""
+        if not self.supervisor.closing:
+            await self.control.shutdown(reason)
+        try:
+            await self.supervisor.shutdown(self.config.runtime.shutdown_timeout)
+        finally:
+            self.control.close()
 
 
 class InProcessEngine:
@@ -63,10 +89,11 @@ class InProcessEngine:
         self.config = config
         self.addresses = Addresses.inproc(uuid.uuid4().hex[:8])
         self.actors = [WorkerActor(ctx, config, self.addresses, 0), SchedulerActor(ctx, config, self.addresses)]
+        self.control = _Control(ctx, self.addresses)
         self.tasks: list[asyncio.Task] = []
         self.info: dict = {}
 
-    async def start(self, on_death: Callable[[str, Optional[int]], None]) -> None:
+    async def start(self, on_death: Callable[[str, str], None]) -> None:
         loop = asyncio.get_running_loop()
         ready = [loop.create_future() for _ in self.actors]
         for actor, fut in zip(self.actors, ready):
@@ -85,17 +112,22 @@ class InProcessEngine:
         if not ready.done():
             ready.set_exception(EngineStartError(f"{actor.name}: {error!r}" if error else f"{actor.name} stopped"))
         elif error is not None or actor.failed is not None:
-            on_death(actor.name, 1)
+            on_death(actor.name, f"{actor.name} stopped: {error or actor.failed!r}")
 
     def pids(self) -> dict[str, int]:
         return {}
 
-    async def stop(self) -> None:
+    async def stop(self, reason: str = "close") -> None:
+        if self.tasks and not any(t.done() for t in self.tasks):
+            await self.control.shutdown(reason)
+            await asyncio.wait(self.tasks, timeout=self.config.runtime.shutdown_timeout)
         for actor in self.actors:
             actor.stop()
-        await asyncio.wait(self.tasks, timeout=self.config.runtime.shutdown_timeout)
+        if self.tasks:
+            await asyncio.wait(self.tasks, timeout=self.config.runtime.shutdown_timeout)
         for task in self.tasks:
             task.cancel()
+        self.control.close()
 
 
 def _free_port() -> int:

@@ -1,9 +1,13 @@
-"""Supervision in the launcher: start children, wait for ready, watch their sentinels, shut down.
+"""Supervision in the launcher: start children, wait for ready, watch their sentinels and heartbeats,
+shut down.
 
 Runs in the launcher (the caller's process, or ``actorserve serve-zmq``). A child that dies is seen
-through its pidfd on the launcher's loop, at once; the launcher's callback marks the engine dead and the
-supervisor tears the rest down. Shutdown waits for a clean exit until a deadline, then terminates, then
-kills: no child outlives it.
+through its pidfd on the launcher's loop, at once. A child that hangs (stopped, deadlocked, stuck in a
+call that never returns) is seen by its heartbeat: once ready, every child beats on its ready pipe
+from its own event loop, and one whose beats stop for ``hang_timeout`` seconds is declared dead and
+killed. Either way the launcher's callback marks the engine dead and the supervisor tears the rest
+down. Shutdown waits for a clean exit until a deadline, then terminates, then kills: no child outlives
+it.
 """
 from __future__ import annotations
 
@@ -21,12 +25,22 @@ log = logging.getLogger("actorserve.supervisor")
 
 
 class Supervisor:
-    def __init__(self, cleanup_dir: Optional[str] = None) -> None:
+    def __init__(self, cleanup_dir: Optional[str] = None, hang_timeout: float = 30.0,
+                 heartbeat_interval: float = 1.0) -> None:
         self.children: list[Child] = []
         self._cleanup_dir = cleanup_dir
-        self._on_death: Optional[Callable[[str, Optional[int]], None]] = None
+        self._on_death: Optional[Callable[[str, str], None]] = None
         self._closing = False
         self._released = False
+        self._hang_timeout = hang_timeout
+        self._interval = heartbeat_interval
+        self._last_beat: dict[str, float] = {}
+        self._check_timer: Optional[asyncio.TimerHandle] = None
+
+    @property
+    def closing(self) -> bool:
+        """Shutting down, or a child died: the engine is not there to be asked anything."""
+        return self._closing
 
     def spawn(self, spec: ChildSpec) -> None:
         self.children.append(spawn(spec))
@@ -51,25 +65,57 @@ class Supervisor:
             raise EngineStartError(f"the engine did not start within {timeout:.0f} s")
         return {name: fut.result() for name, fut in pending.items()}
 
-    def watch(self, on_death: Callable[[str, Optional[int]], None]) -> None:
-        """From now on, a child's exit calls on_death(name, exitcode) once and stops the others."""
+    def watch(self, on_death: Callable[[str, str], None]) -> None:
+        """From now on, a child's exit or hang calls on_death(name, what happened) once and stops the others."""
         self._on_death = on_death
         loop = asyncio.get_running_loop()
         for child in self.children:
             loop.add_reader(child.sentinel, self._exited, child)
+            os.set_blocking(child.ready.fileno(), False)
+            loop.add_reader(child.ready.fileno(), self._drain_beats, child)
+            self._last_beat[child.name] = loop.time()
+        self._check_timer = loop.call_later(self._interval, self._check_beats)
+
+    def _drain_beats(self, child: Child) -> None:
+        try:
+            while os.read(child.ready.fileno(), 4096):
+                self._last_beat[child.name] = asyncio.get_running_loop().time()
+        except BlockingIOError:
+            pass
+        except OSError:
+            pass  # the child is gone: its sentinel says so
+
+    def _check_beats(self) -> None:
+        """Judge only on what has arrived: beats that queued while this loop was busy count."""
+        loop = asyncio.get_running_loop()
+        for child in self.children:
+            self._drain_beats(child)
+        if self._closing:
+            return
+        for child in self.children:
+            silent = loop.time() - self._last_beat[child.name]
+            if silent > self._hang_timeout and child.alive():
+                self._dead(child, f"{child.name} stopped answering (no heartbeat for {silent:.1f} s, "
+                                  f"hang_timeout is {self._hang_timeout:g} s)")
+                return
+        self._check_timer = loop.call_later(self._interval, self._check_beats)
 
     def _exited(self, child: Child) -> None:
         asyncio.get_running_loop().remove_reader(child.sentinel)
-        if self._closing:
-            return
+        if not self._closing:
+            self._dead(child, f"{child.name} exited (code {child.exitcode})")
+
+    def _dead(self, child: Child, what: str) -> None:
         self._closing = True
-        log.error("%s exited unexpectedly (exit code %s); the engine is dead", child.name, child.exitcode)
+        log.error("%s; the engine is dead", what)
         if self._on_death is not None:
-            self._on_death(child.name, child.exitcode)
+            self._on_death(child.name, what)
         self.kill_all()
 
     def kill_all(self) -> None:
         self._closing = True
+        if self._check_timer is not None:
+            self._check_timer.cancel()
         for child in self.children:
             if child.alive():
                 child.process.kill()
@@ -80,6 +126,8 @@ class Supervisor:
     async def shutdown(self, timeout: float) -> None:
         """Wait for the children to exit by themselves until the deadline, then terminate, then kill."""
         self._closing = True
+        if self._check_timer is not None:
+            self._check_timer.cancel()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         await self._wait_exit(deadline - 1.0)  # a clean exit: the actors drained and stopped
@@ -104,10 +152,11 @@ class Supervisor:
         self._released = True
         loop = asyncio.get_event_loop()
         for child in self.children:
-            try:
-                loop.remove_reader(child.sentinel)
-            except (ValueError, OSError, RuntimeError):
-                pass
+            for fd in (child.sentinel, child.ready.fileno()):
+                try:
+                    loop.remove_reader(fd)
+                except (ValueError, OSError, RuntimeError):
+                    pass
             child.ready.close()
             for fd in (child.death_fd, child.sentinel):
                 os.close(fd)

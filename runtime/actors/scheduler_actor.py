@@ -1,17 +1,26 @@
 """SchedulerActor: runs in the scheduler process and owns all request state.
 
-Receives AddRequest / AbortRequest / HealthPing / Shutdown from clients on its ROUTER socket, and
-WorkerReady / StepResult from the last worker stage on its PULL inbox. Sends ExecuteBatch to the first
-stage, RequestOutputDelta, HealthPong and ErrorReply back to the client that asked. Up to
+Receives AddRequest / AbortRequest / HealthPing from clients on its ROUTER socket, WorkerReady /
+StepResult from the last worker stage on its PULL inbox, and Shutdown from the launcher alone, on a
+control socket in the launcher's private folder. Sends ExecuteBatch to the first stage,
+RequestOutputDelta, HealthPong and ErrorReply back to the client that asked. Up to
 pipeline_parallel_size steps are in flight (one per stage); requests are admitted and aborted between.
+
+The client socket is the engine's edge (docs/protocol.md): a message over the size limit disconnects
+its sender, a client key (and CurveZMQ, where configured) is checked on every message, a prompt is
+length-checked before it is tokenized and tokenized on a thread (the step loop never waits for it),
+and when a client's connection closes, its requests are aborted.
 """
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import hmac
 import logging
 from typing import Optional
 
 import msgspec
+import zmq
 import zmq.asyncio
 
 from actorserve.runtime.actor import Actor
@@ -19,13 +28,16 @@ from actorserve.runtime.actors.addresses import Addresses
 from actorserve.runtime.config import EngineConfig
 from actorserve.runtime.engine.core import EngineCore, ModelFacts
 from actorserve.runtime.engine.outputs import RequestUpdate
-from actorserve.runtime.engine.sampling_params import SamplingParams
+from actorserve.runtime.engine.sampling_params import SamplingParams, verify_prompt_text
 from actorserve.runtime.transport.channel import Channel, Envelope
+from actorserve.runtime.transport.client_security import curve_server
 from actorserve.runtime.transport.messages import (AbortRequest, AddRequest, ErrorReply, ExecuteBatch, HealthPing, HealthPong,
                                         PROTOCOL_VERSION, RequestOutputDelta, SampleDelta, Shutdown, StepResult,
                                         TokenLogprob, WorkerReady)
 
 log = logging.getLogger("actorserve.scheduler")
+
+_CLIENT_HEARTBEAT_S = 10.0  # a client host that vanished without closing is dropped after 30 s of silence
 
 
 class SchedulerActor(Actor):
@@ -41,16 +53,36 @@ class SchedulerActor(Actor):
         self._work = asyncio.Event()
         self._results: asyncio.Queue = asyncio.Queue()  # StepResults, in the order the batches went out
         self._loop_task: Optional[asyncio.Task] = None
+        self._tokenizing: dict[str, tuple[asyncio.Task, int]] = {}  # engine id -> (tokenize job, n)
+        self._tokenizer_pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._max_token_chars = 1
+        self._peers: dict[int, set[bytes]] = {}  # client connection (fd) -> the identities seen on it
+        self._closed: set[int] = set()  # connections (fds) the monitor saw close and no new one open since
+        self._peer_watch: Optional[asyncio.Task] = None
+        self._security = None
 
     async def on_start(self) -> dict:
-        self.client = self.channel(Channel(self.ctx, "router", self.addresses.client, bind=True), listen=True)
-        inbox = self.channel(Channel(self.ctx, "pull", self.addresses.scheduler_in, bind=True))
+        runtime = self.config.runtime
+        tracked = not self.addresses.client.startswith("inproc://")  # inproc has no connections to watch
+        self._security = curve_server(self.ctx, runtime.curve_secret_key, runtime.curve_authorized_keys,
+                                      runtime.curve_launcher_key)
+        self.client = self.channel(Channel(
+            self.ctx, "router", self.addresses.client, bind=True, name="client",
+            max_message_bytes=runtime.max_request_body_bytes, track_peers=tracked, heartbeat_s=_CLIENT_HEARTBEAT_S,
+            monitor_events=zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED if tracked else 0,
+            configure=self._security.configure if self._security is not None else None), listen=True)
+        if tracked:
+            self._peer_watch = asyncio.ensure_future(self._watch_peers(self.client.monitor))
+        self.channel(Channel(self.ctx, "pull", self.addresses.control, bind=True, name="control"), listen=True)
+        inbox = self.channel(Channel(self.ctx, "pull", self.addresses.scheduler_in, bind=True, name="workers"))
         self.to_worker = self.channel(Channel(self.ctx, "push", self.addresses.worker_in, bind=False))
         if not self.config.model.skip_tokenizer_init:
             from actorserve.runtime.model.loader import resolve_model_path
-            from actorserve.runtime.model.tokenizer import load_tokenizer
+            from actorserve.runtime.model.tokenizer import load_tokenizer, max_token_chars
 
             self.tokenizer = load_tokenizer(self.config.model.tokenizer or resolve_model_path(self.config.model.model))
+            self._max_token_chars = max_token_chars(self.tokenizer)
+            self._tokenizer_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tokenize")
         envelope = await asyncio.wait_for(inbox.recv(), self.config.runtime.start_timeout)
         ready = envelope.message
         if not isinstance(ready, WorkerReady):
@@ -65,9 +97,15 @@ class SchedulerActor(Actor):
                 "num_kv_blocks": facts.num_kv_blocks}
 
     async def on_stop(self) -> None:
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            await asyncio.gather(self._loop_task, return_exceptions=True)
+        tasks = [t for t in (self._loop_task, self._peer_watch) if t is not None]
+        tasks += [job for job, _ in self._tokenizing.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._tokenizer_pool is not None:
+            self._tokenizer_pool.shutdown(wait=False, cancel_futures=True)
+        if self._security is not None:
+            self._security.stop()
 
     # -- the step loop --------------------------------------------------------------------------------------
     async def _engine_loop(self) -> None:
@@ -113,40 +151,135 @@ class SchedulerActor(Actor):
     # -- handlers ---------------------------------------------------------------------------------------------
     async def handle_add_request(self, message: AddRequest, envelope: Envelope) -> None:
         origin = envelope.origin
+        if not await self._authorized(message, envelope):
+            return
         rid = _engine_id(origin, message.request_id)
         try:
             if message.version != PROTOCOL_VERSION:
                 raise ValueError(f"protocol version {message.version} is not supported (this is {PROTOCOL_VERSION})")
             params = SamplingParams(**msgspec.structs.asdict(message.params))
-            ids = message.prompt_token_ids
-            if ids is None:
+            if rid in self._tokenizing:
+                raise ValueError(f"request_id {message.request_id!r} is already in use")
+            if message.prompt_token_ids is None:
                 if message.prompt is None:
                     raise ValueError("prompt: the request needs prompt or prompt_token_ids")
                 if self.tokenizer is None:
                     raise ValueError("prompt_token_ids are required: the engine runs without a tokenizer")
-                ids = self.tokenizer.encode(message.prompt)
-            self.core.add_request(rid, list(ids), params, prompt=message.prompt)
+                verify_prompt_text(message.prompt, self.core.facts.max_model_len, self._max_token_chars)
+                job = asyncio.ensure_future(self._tokenize_then_add(rid, message, params, origin))
+                self._tokenizing[rid] = (job, params.n)
+                self._remember_peer(envelope)
+                return
+            self._admit(rid, message, params, list(message.prompt_token_ids), origin)
         except (ValueError, TypeError) as exc:
             await self.client.send(ErrorReply("ValueError", str(exc), message.request_id), to=origin)
             return
+        self._remember_peer(envelope)
+
+    def _admit(self, rid: str, message: AddRequest, params: SamplingParams, ids: list[int], origin) -> None:
+        self.core.add_request(rid, ids, params, prompt=message.prompt)
         self._clients[rid] = (origin, message.request_id)
         self._work.set()
 
+    async def _tokenize_then_add(self, rid: str, message: AddRequest, params: SamplingParams, origin) -> None:
+        """Tokenize on the pool's thread, then admit; an abort meanwhile cancels this."""
+        loop = asyncio.get_running_loop()
+        try:
+            ids = await loop.run_in_executor(self._tokenizer_pool, self.tokenizer.encode, message.prompt)
+            self._tokenizing.pop(rid, None)
+            self._admit(rid, message, params, ids, origin)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._tokenizing.pop(rid, None)
+            kind = "ValueError" if isinstance(exc, (ValueError, TypeError)) else type(exc).__name__
+            await self.client.send(ErrorReply(kind, str(exc), message.request_id), to=origin)
+
+    def _remember_peer(self, envelope: Envelope) -> None:
+        """Note whose request this is; one whose connection already closed (the monitor's event came
+        first, since events and messages travel apart) is aborted at once."""
+        if envelope.peer is None:
+            return
+        self._peers.setdefault(envelope.peer, set()).add(envelope.origin)
+        if envelope.peer in self._closed:
+            self._abort_clients(self._peers.pop(envelope.peer))
+
+    async def _watch_peers(self, monitor) -> None:
+        """A client whose connection closed gets nothing more: its requests are aborted."""
+        from zmq.utils.monitor import parse_monitor_message
+
+        while True:
+            event = parse_monitor_message(await monitor.recv_multipart())
+            fd = int(event["value"])
+            identities = self._peers.pop(fd, set())
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                self._closed.add(fd)
+                if identities:
+                    self._abort_clients(identities)
+            else:  # a new connection on this descriptor
+                self._closed.discard(fd)
+
+    def _abort_clients(self, identities: set[bytes]) -> None:
+        prefixes = tuple(f"{origin.hex()}/" for origin in identities)
+        gone = [rid for rid in self._clients if rid.startswith(prefixes)]
+        gone += [rid for rid in self._tokenizing if rid.startswith(prefixes)]
+        for rid in gone:
+            self._forget(rid)
+        if gone:
+            log.info("a client connection closed: aborted its %d request(s)", len(gone))
+
+    def _forget(self, rid: str) -> None:
+        """Abort without a reply (nobody is there to read it)."""
+        job = self._tokenizing.pop(rid, None)
+        if job is not None:
+            job[0].cancel()
+        self.core.abort_request(rid)
+        self._clients.pop(rid, None)
+        self._announced.discard(rid)
+
+    async def _authorized(self, message, envelope: Envelope) -> bool:
+        key = self.config.runtime.client_api_key
+        if key is None or (message.api_key is not None and hmac.compare_digest(message.api_key.encode(), key.encode())):
+            return True
+        request_id = getattr(message, "request_id", None)
+        await self.client.send(ErrorReply("AuthenticationError", "invalid or missing api_key", request_id),
+                               to=envelope.origin)
+        return False
+
     async def handle_abort_request(self, message: AbortRequest, envelope: Envelope) -> None:
+        """Request ids are the sending connection's own: an abort reaches only that socket's requests."""
+        if not await self._authorized(message, envelope):
+            return
         rid = _engine_id(envelope.origin, message.request_id)
+        job = self._tokenizing.pop(rid, None)
+        if job is not None:  # not admitted yet: end it here, as an admitted one would end
+            job[0].cancel()
+            samples = [SampleDelta(i, [], "", finish_reason="abort") for i in range(job[1])]
+            await self.client.send(RequestOutputDelta(message.request_id, samples, True), to=envelope.origin)
+            return
         update = self.core.abort_request(rid)
         if update is not None and rid in self._clients:
             await self._publish(update)
 
     async def handle_health_ping(self, message: HealthPing, envelope: Envelope) -> None:
+        if not await self._authorized(message, envelope):
+            return
         s = self.core.scheduler
         await self.client.send(HealthPong(message.nonce, len(s.running), len(s.waiting), self.core.kv.pool.usage),
                                to=envelope.origin)
 
-    def handle_step_result(self, message: StepResult, envelope: Envelope) -> None:
+    async def handle_step_result(self, message: StepResult, envelope: Envelope) -> None:
+        if envelope.via != "workers":  # the engine's own traffic, never a client's
+            await self.on_reject(envelope, "step_result is taken only from the workers")
+            return
         self._results.put_nowait(message.result)
 
     async def handle_shutdown(self, message: Shutdown, envelope: Envelope) -> None:
+        if envelope.via != "control":
+            log.warning("refused a shutdown from a client")
+            await self.client.send(ErrorReply("PermissionError", "shutdown is taken only from the launcher"),
+                                   to=envelope.origin)
+            return
         for rid in list(self._clients):
             update = self.core.abort_request(rid)
             if update is not None:

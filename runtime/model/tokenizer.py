@@ -87,3 +87,9 @@ def _prune(root: Path, keep: Path) -> None:
                      key=lambda p: p.stat().st_mtime, reverse=True)
     for old in [p for p in entries if p != keep][CACHE_ENTRIES - 1:]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def max_token_chars(tokenizer) -> int:
+    """The most characters any one token (special tokens included) stands for: the bound of the cheap
+    length check before a prompt is tokenized."""
+    return max((len(t) for t in tokenizer.get_vocab()), default=1)

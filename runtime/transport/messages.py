@@ -17,8 +17,9 @@ from actorserve.runtime.engine.batch import ModelRunnerOutput, SchedulerOutput
 PROTOCOL_VERSION = 1
 
 
-class WireSamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
-    """SamplingParams as a client sends them; unset fields take vLLM's defaults."""
+class WireSamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
+    """SamplingParams as a client sends them; unset fields take vLLM's defaults, an unknown one is refused
+    (a misspelt parameter must not be silently ignored). Ranges are SamplingParams' to check."""
 
     n: int = 1
     temperature: float = 1.0
@@ -46,10 +47,12 @@ class AddRequest(msgspec.Struct, tag="add_request", frozen=True):
     prompt_token_ids: Optional[list[int]] = None
     prompt: Optional[str] = None  # tokenized by the receiver when no ids are given
     version: int = PROTOCOL_VERSION
+    api_key: Optional[str] = None  # required when the server has one (docs/protocol.md)
 
 
 class AbortRequest(msgspec.Struct, tag="abort_request", frozen=True):
     request_id: str
+    api_key: Optional[str] = None
 
 
 class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
@@ -88,6 +91,7 @@ class ErrorReply(msgspec.Struct, tag="error", frozen=True):
 
 class HealthPing(msgspec.Struct, tag="health_ping", frozen=True):
     nonce: int
+    api_key: Optional[str] = None
 
 
 class HealthPong(msgspec.Struct, tag="health_pong", frozen=True):
@@ -116,6 +120,8 @@ class WorkerReady(msgspec.Struct, tag="worker_ready", frozen=True):
 
 
 class Shutdown(msgspec.Struct, tag="shutdown", frozen=True):
+    """Stop the engine: taken only from the launcher's control channel, never from a client."""
+
     reason: str = ""
 
 
