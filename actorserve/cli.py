@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from typing import Optional, Sequence
 
@@ -26,6 +27,11 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1, help="worker stages, one process each")
     p.add_argument("--cpu-isa", default=None, choices=["avx512", "avx2", "generic"],
                    help="the fast paths of a lesser CPU than this one (as ACTORSERVE_CPU_ISA)")
+    p.add_argument("--max-n", type=int, default=128, help="the most samples (n) one request may ask for")
+    p.add_argument("--hang-timeout", type=float, default=30.0,
+                   help="seconds without a heartbeat after which a process of the engine is declared hung (dead)")
+    p.add_argument("--max-request-body-bytes", type=int, default=4 << 20,
+                   help="the largest HTTP request body, and the largest ZMQ message, a client may send")
 
 
 def _engine_kwargs(a: argparse.Namespace) -> dict:
@@ -33,7 +39,8 @@ def _engine_kwargs(a: argparse.Namespace) -> dict:
     return dict(**isa, tokenizer=a.tokenizer, dtype=a.dtype, quantization=a.quantization, enforce_eager=a.enforce_eager, max_model_len=a.max_model_len,
                 max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens, kv_cache_memory=a.kv_cache_memory,
                 enable_prefix_caching=not a.no_prefix_caching, seed=a.seed,
-                pipeline_parallel_size=a.pipeline_parallel_size)
+                pipeline_parallel_size=a.pipeline_parallel_size, max_n=a.max_n, hang_timeout=a.hang_timeout,
+                max_request_body_bytes=a.max_request_body_bytes)
 
 
 def _generate(a: argparse.Namespace) -> int:
@@ -61,7 +68,9 @@ def _serve_zmq(a: argparse.Namespace) -> int:
     from actorserve import AsyncEngine
 
     async def serve() -> int:
-        engine = AsyncEngine(a.model, client_address=a.address, **_engine_kwargs(a))
+        engine = AsyncEngine(a.model, client_address=a.address, client_api_key=a.api_key,
+                             curve_secret_key=a.curve_secret_key, curve_authorized_keys=a.curve_authorized_keys,
+                             **_engine_kwargs(a))
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -80,10 +89,10 @@ def _serve_zmq(a: argparse.Namespace) -> int:
     return uvloop.run(serve())
 
 
-def _engine_from(a: argparse.Namespace):
+def _engine_from(a: argparse.Namespace, **extra):
     from actorserve import AsyncEngine
 
-    return AsyncEngine(a.model, **_engine_kwargs(a))
+    return AsyncEngine(a.model, **extra, **_engine_kwargs(a))
 
 
 def _serve_http(a: argparse.Namespace) -> int:
@@ -91,8 +100,23 @@ def _serve_http(a: argparse.Namespace) -> int:
 
     from actorserve.frontend.server import serve
 
+    from actorserve.frontend.server import HttpLimits
+
     a.model = a.model_tag or a.model
-    return uvloop.run(serve(_engine_from(a), a.host, a.port, a.model, a.served_model_name, a.api_key))
+    limits = HttpLimits(**{f.name: getattr(a, f.name) for f in dataclasses.fields(HttpLimits)}).validate()
+    engine = _engine_from(a, client_address=a.zmq_address, client_api_key=a.zmq_api_key)
+    return uvloop.run(serve(engine, a.host, a.port, a.model, a.served_model_name, a.api_key, limits))
+
+
+def _http_limit_args(p: argparse.ArgumentParser) -> None:
+    """One flag per HttpLimits field, typed and defaulted as the field is."""
+    import typing
+
+    from actorserve.frontend.server import HttpLimits
+
+    hints = typing.get_type_hints(HttpLimits)
+    for f in dataclasses.fields(HttpLimits):
+        p.add_argument("--" + f.name.replace("_", "-"), type=hints[f.name], default=f.default)
 
 
 def _run_batch(a: argparse.Namespace) -> int:
@@ -160,6 +184,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     _engine_args(gen)
     zmq_server = sub.add_parser("serve-zmq", help="serve the ZMQ client protocol (docs/protocol.md)")
     zmq_server.add_argument("--address", default="tcp://127.0.0.1:5555", help="tcp://HOST:PORT or ipc://PATH")
+    zmq_server.add_argument("--api-key", default=None, help="every client message must carry this api_key")
+    zmq_server.add_argument("--curve-secret-key", default=None,
+                            help="CurveZMQ: the server's key pair (a zmq.auth .key_secret certificate file)")
+    zmq_server.add_argument("--curve-authorized-keys", default=None,
+                            help="CurveZMQ: a folder of the public certificates of the clients allowed in")
     _engine_args(zmq_server)
     http = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
     http.add_argument("model_tag", nargs="?", default=None, help="a .gguf file or HF directory")
@@ -167,6 +196,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     http.add_argument("--port", type=int, default=8000)
     http.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1")
     http.add_argument("--served-model-name", default=None)
+    http.add_argument("--zmq-address", default=None,
+                      help="also serve the ZMQ client protocol (docs/protocol.md) here: tcp://HOST:PORT or ipc://PATH")
+    http.add_argument("--zmq-api-key", default=None, help="every ZMQ client message must carry this api_key")
+    _http_limit_args(http)
     _engine_args(http)
     batch = sub.add_parser("run-batch", help="run an OpenAI batch file (JSONL) offline")
     batch.add_argument("-i", "--input-file", required=True)

@@ -1,11 +1,13 @@
 """The FastAPI application: routes, authentication, request ids, and errors in the OpenAI shape.
 
-Runs in the frontend process. Malformed JSON and schema violations are 400 (not FastAPI's 422); a client
+Runs in the frontend process. Malformed JSON and schema violations are 400 (not FastAPI's 422); an
+error the request did not cause is a 500 in the same shape, logged with the request id; a client
 that disconnects has its request aborted in the scheduler; ``X-Request-Id`` is honoured and returned.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from typing import Optional
 
@@ -22,6 +24,7 @@ from actorserve.frontend.serving_chat import ChatServing, render_chat
 from actorserve.frontend.serving_completion import CompletionServing
 from actorserve.runtime.errors import EngineDeadError
 
+log = logging.getLogger("actorserve.frontend")
 
 _WITHOUT_ENGINE = ("/health", "/version")  # answered while the engine starts
 
@@ -42,7 +45,11 @@ def build_app(ctx: ServingContext, api_key: Optional[str] = None) -> FastAPI:
                 await ctx.wait_ready()  # requests that arrive while the engine starts wait for it
             except APIError as exc:
                 return error_response(exc)
-        response = await call_next(request)
+        try:
+            response = await call_next(request)
+        except Exception as exc:  # no handler took it: not the request's fault
+            log.exception("request %s failed", request.state.request_id)
+            response = JSONResponse(error_body(500, f"internal error: {type(exc).__name__}"), status_code=500)
         response.headers["X-Request-Id"] = request.state.request_id
         return response
 
@@ -85,9 +92,9 @@ def build_app(ctx: ServingContext, api_key: Optional[str] = None) -> FastAPI:
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give exactly one of prompt and messages", "prompt")
         if body.messages is not None:
-            tokens = render_chat(ctx.tokenizer, body.messages, body.add_generation_prompt, False).token_ids
+            tokens = (await render_chat(ctx, body.messages, body.add_generation_prompt, False)).token_ids
         else:
-            tokens = ctx.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+            tokens = await ctx.encode(body.prompt, body.add_special_tokens)
         return {"count": len(tokens), "max_model_len": ctx.max_model_len, "tokens": tokens}
 
     @app.post("/detokenize")
@@ -96,7 +103,10 @@ def build_app(ctx: ServingContext, api_key: Optional[str] = None) -> FastAPI:
         bad = [t for t in body.tokens if not 0 <= t < ctx.vocab_size]
         if bad:
             raise APIError(400, f"tokens has ids {bad[:10]} outside the vocabulary [0, {ctx.vocab_size})", "tokens")
-        return {"prompt": ctx.tokenizer.decode(body.tokens)}
+        if len(body.tokens) > ctx.max_model_len:
+            raise APIError(400, f"tokens has {len(body.tokens)} ids, more than the context of {ctx.max_model_len}",
+                           "tokens")
+        return {"prompt": await ctx.off_loop(ctx.tokenizer.decode, body.tokens)}
 
     @app.get("/version")
     async def version():
@@ -106,24 +116,43 @@ def build_app(ctx: ServingContext, api_key: Optional[str] = None) -> FastAPI:
 
 
 async def _serve(request: Request, serving, body):
+    """The request's work, raced against the client leaving (which aborts it in the scheduler)."""
     request_id = request.state.request_id
-    if body.stream:
-        events = await serving.stream(body, request_id)  # validation errors surface here, before the stream
+    if body.stream:  # the stream starts once the engine took the request: a refusal is a plain 4xx
+        start = asyncio.ensure_future(serving.stream(body, request_id))
+        events = await _unless_disconnected(request, start)
+        if events is None:
+            return Response(status_code=499)
         return StreamingResponse(events, media_type="text/event-stream")
-    work = asyncio.ensure_future(serving.create(body, request_id))
+    result = await _unless_disconnected(request, asyncio.ensure_future(serving.create(body, request_id)))
+    return Response(status_code=499) if result is None else result
+
+
+async def _unless_disconnected(request: Request, work: asyncio.Future):
     gone = asyncio.ensure_future(_disconnected(request))
     done, _ = await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
     if work in done:
         gone.cancel()
+        await asyncio.gather(gone, return_exceptions=True)
         return work.result()
     work.cancel()  # the client left: cancelling the stream aborts the request in the scheduler
-    await asyncio.gather(work, return_exceptions=True)
-    return Response(status_code=499)
+    results = await asyncio.gather(work, return_exceptions=True)
+    if hasattr(results[0], "aclose"):  # a stream that started just as the client left
+        await results[0].aclose()
+    return None
 
 
 async def _disconnected(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "body"}
+
+
+def _is_field(part) -> bool:
+    """A field name or index of an error's location, not a union member's type tag."""
+    return isinstance(part, int) or (part.isidentifier() and part not in _TYPE_TAGS)
 
 
 def _install_errors(app: FastAPI) -> None:
@@ -134,11 +163,12 @@ def _install_errors(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError):
         errors = exc.errors()
-        first = errors[0] if errors else {}
+        # of a union's failures, the one our own validators raised says most (a lone surrogate, say)
+        first = next((e for e in errors if e.get("type") == "value_error"), errors[0] if errors else {})
         if first.get("type") == "json_invalid":
             detail = (first.get("ctx") or {}).get("error", "")
             return JSONResponse(error_body(400, f"invalid JSON in the request body: {detail}"), status_code=400)
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        where = ".".join(str(p) for p in first.get("loc", ()) if _is_field(p))
         message = f"{where}: {first.get('msg', 'invalid request')}" if where else first.get("msg", "invalid request")
         return JSONResponse(error_body(400, message, where or None), status_code=400)
 

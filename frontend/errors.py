@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 
 _TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 413: "BadRequestError",
           500: "InternalServerError", 503: "ServiceUnavailableError"}
-_FIELD = re.compile(r"^([a-z_]+) ")
+_FIELD = re.compile(r"^([a-z_]+)[: ]")
 
 
 class APIError(Exception):

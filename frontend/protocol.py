@@ -1,36 +1,73 @@
 """Request schemas of the OpenAI-compatible API, with vLLM's extra sampling fields.
 
-Pydantic validates types and shapes; value ranges are left to SamplingParams, so that the HTTP server and
-the Python API refuse exactly the same things with the same words. Unknown fields are ignored, as vLLM
-and OpenAI do.
+Pydantic validates types and shapes, as strictly as vLLM's schema: every string is valid Unicode (no
+lone surrogates), no float is infinite or NaN, a message has the content its role needs, and tools,
+tool_choice and response_format have OpenAI's shapes. Value ranges are left to SamplingParams, so that
+the HTTP server, the ZMQ protocol and the Python API refuse exactly the same things with the same words.
+Unknown fields are ignored, as vLLM and OpenAI do.
 """
 from __future__ import annotations
 
-from typing import Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
-from actorserve.runtime.engine.sampling_params import SamplingParams
+from actorserve.runtime.engine.sampling_params import SamplingParams, check_text
 
 TokenIds = list[StrictInt]
 
 
-class StreamOptions(BaseModel):
-    include_usage: bool = False
-    continuous_usage_stats: bool = False
+def _valid_text(text: str) -> str:
+    check_text(text, "the string")
+    return text
 
 
-class _SamplingFields(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+Text = Annotated[str, AfterValidator(_valid_text)]
 
-    model: Optional[str] = None
+
+class _Schema(BaseModel):
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
+class StreamOptions(_Schema):
+    include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False
+
+
+class FunctionDefinition(_Schema):
+    name: Text
+    description: Optional[Text] = None
+    parameters: Optional[dict[str, Any]] = None
+
+
+class Tool(_Schema):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Schema):
+    name: Text
+
+
+class NamedToolChoice(_Schema):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class ResponseFormat(_Schema):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[dict[str, Any]] = None
+
+
+class _SamplingFields(_Schema):
+    model: Optional[Text] = None
     n: StrictInt = 1
     temperature: Optional[float] = None
     top_p: Optional[float] = None
     top_k: Optional[StrictInt] = None
     min_p: Optional[float] = None
     seed: Optional[StrictInt] = None
-    stop: Optional[Union[str, list[str]]] = None
+    stop: Optional[Union[Text, list[Text]]] = None
     stop_token_ids: Optional[TokenIds] = None
     presence_penalty: Optional[float] = None
     frequency_penalty: Optional[float] = None
@@ -43,7 +80,13 @@ class _SamplingFields(BaseModel):
     stream: StrictBool = False
     stream_options: Optional[StreamOptions] = None
     echo: StrictBool = False
-    user: Optional[str] = None
+    user: Optional[Text] = None
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self):
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options can only be given when stream is true")
+        return self
 
     def sampling_params(self, max_tokens: Optional[int], logprobs: Optional[int]) -> SamplingParams:
         """Raises ValueError naming the field, exactly as the Python API does."""
@@ -59,25 +102,30 @@ class _SamplingFields(BaseModel):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: Union[list[TokenIds], TokenIds, list[str], str]
+    prompt: Union[list[TokenIds], TokenIds, list[Text], Text]
     max_tokens: Optional[StrictInt] = 16
     logprobs: Optional[StrictInt] = None
-    suffix: Optional[str] = None
+    suffix: Optional[Text] = None
 
 
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class TextPart(_Schema):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class ChatMessage(_Schema):
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: Union[str, list[TextPart], None] = None
-    name: Optional[str] = None
+    content: Union[Text, list[TextPart], None] = None
+    name: Optional[Text] = None
+    tool_calls: Optional[list[dict[str, Any]]] = None
+    tool_call_id: Optional[Text] = None
+
+    @model_validator(mode="after")
+    def _content_for_the_role(self):
+        """Only an assistant message may go without content (it may carry tool calls instead)."""
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a {self.role} message needs content")
+        return self
 
     def text(self) -> str:
         if self.content is None:
@@ -95,21 +143,20 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: Optional[StrictInt] = None
     add_generation_prompt: StrictBool = True
     continue_final_message: StrictBool = False
-    chat_template: Optional[str] = None
+    chat_template: Optional[Text] = None
+    tools: Optional[list[Tool]] = None
+    tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = None
+    response_format: Optional[ResponseFormat] = None
 
 
-class TokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    model: Optional[str] = None
-    prompt: Optional[str] = None
+class TokenizeRequest(_Schema):
+    model: Optional[Text] = None
+    prompt: Optional[Text] = None
     messages: Optional[list[ChatMessage]] = None
     add_special_tokens: StrictBool = True
     add_generation_prompt: StrictBool = True
 
 
-class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    model: Optional[str] = None
+class DetokenizeRequest(_Schema):
+    model: Optional[Text] = None
     tokens: TokenIds

@@ -10,19 +10,37 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
+from dataclasses import dataclass
 from typing import Optional
 
 import uvicorn
 
 from actorserve.frontend.app import build_app
+from actorserve.frontend.http_limits import BodyLimit, header_timeout_protocol
 from actorserve.frontend.metrics import FrontendMetrics
 from actorserve.frontend.serving import ServingContext
 
 log = logging.getLogger("actorserve.frontend")
 
 DEAD_GRACE_S = 2.0
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """What one connection may take from the HTTP server; the CLI flags are these fields."""
+
+    timeout_keep_alive: int = 5  # seconds an idle keep-alive connection stays open
+    request_read_timeout: float = 10.0  # seconds for a request's head, and again for its body, to arrive
+    limit_concurrency: int = 1024  # connections (and requests) at once; beyond, uvicorn answers 503
+
+    def validate(self) -> "HttpLimits":
+        for f in dataclasses.fields(self):
+            if getattr(self, f.name) <= 0:
+                raise ValueError(f"{f.name} must be > 0, got {getattr(self, f.name)}")
+        return self
 
 
 def new_context(engine, model: Optional[str], served_model_name: Optional[str]) -> ServingContext:
@@ -46,8 +64,12 @@ async def complete_context(ctx: ServingContext, model: Optional[str]) -> None:
         await ctx.engine.start()
     finally:
         tokenizer = await tokenizer_job
+    from actorserve.runtime.model.tokenizer import max_token_chars
+
     info = ctx.engine.info
     ctx.tokenizer, ctx.max_model_len, ctx.vocab_size = tokenizer, info["max_model_len"], info["vocab_size"]
+    ctx.max_n = ctx.engine.config.scheduler.max_n
+    ctx.max_token_chars = await asyncio.get_running_loop().run_in_executor(None, max_token_chars, tokenizer)
 
 
 async def build_context(engine, model: Optional[str], served_model_name: Optional[str]) -> ServingContext:
@@ -57,11 +79,15 @@ async def build_context(engine, model: Optional[str], served_model_name: Optiona
 
 
 async def serve(engine, host: str, port: int, model: Optional[str], served_model_name: Optional[str] = None,
-                api_key: Optional[str] = None) -> int:
+                api_key: Optional[str] = None, limits: HttpLimits = HttpLimits()) -> int:
     ctx = new_context(engine, model, served_model_name)
     ctx.ready = asyncio.ensure_future(complete_context(ctx, model))
-    server = _Server(uvicorn.Config(build_app(ctx, api_key), host=host, port=port, log_level="warning",
-                                    lifespan="off", timeout_graceful_shutdown=3))
+    app = BodyLimit(build_app(ctx, api_key), engine.config.runtime.max_request_body_bytes,
+                    limits.request_read_timeout)
+    server = _Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
+                                    timeout_graceful_shutdown=3, timeout_keep_alive=limits.timeout_keep_alive,
+                                    limit_concurrency=limits.limit_concurrency,
+                                    http=header_timeout_protocol(limits.request_read_timeout)))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.request_exit)
@@ -74,6 +100,7 @@ async def serve(engine, host: str, port: int, model: Optional[str], served_model
         ctx.ready.cancel()
         await asyncio.gather(ctx.ready, watch, return_exceptions=True)
         await engine.close()
+        ctx.pool.shutdown(wait=False, cancel_futures=True)
 
 
 async def _watch(ctx: ServingContext, server: "_Server") -> None:

@@ -1,21 +1,24 @@
 """What completion and chat serving share: the engine handle, prompt checks, metered streams, SSE.
 
 Runs in the frontend process. Prompts are tokenized here (the chat template needs the tokenizer anyway),
-checked against the model's real vocabulary and context, and streamed from the engine; every stream is
-timed for the metrics.
+on a thread after a cheap length check, so that a huge prompt never stalls the loop that serves every
+other request; then checked against the model's real vocabulary and context by the engine's own
+validator (``verify_request``), and streamed from the engine; every stream is timed for the metrics.
 """
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import time
-from dataclasses import dataclass
-from typing import Any, AsyncIterator, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable, Optional, Sequence
 
 from actorserve.frontend.errors import APIError
 from actorserve.frontend.metrics import FrontendMetrics
 from actorserve.runtime.engine.outputs import RequestOutput
-from actorserve.runtime.engine.sampling_params import SamplingParams, verify_prompt_token_ids
+from actorserve.runtime.engine.sampling_params import (RequestLimits, SamplingParams, verify_prompt_text,
+                                                       verify_request)
 from actorserve.runtime.errors import EngineDeadError
 
 
@@ -35,6 +38,11 @@ class ServingContext:
     metrics: FrontendMetrics
     # ``actorserve serve`` opens its port while the engine starts: this completes the context (or fails)
     ready: Optional["asyncio.Future[None]"] = None
+    max_n: int = 128
+    max_token_chars: int = 1  # the longest token, in characters: the bound of the cheap length check
+    # one thread: tokenizing is CPU work, and a queue of it must not take every core from the engine
+    pool: concurrent.futures.ThreadPoolExecutor = field(
+        default_factory=lambda: concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tokenize"))
 
     async def wait_ready(self) -> None:
         """Until the engine is ready; APIError 503 if its start failed."""
@@ -57,30 +65,58 @@ class ServingContext:
         if name is not None and name != self.model_name:
             raise APIError(404, f"The model `{name}` does not exist.", "model")
 
-    def check_prompt(self, prompt: Prompt, max_tokens: Optional[int]) -> int:
-        """Vocabulary and context checks; returns the max_tokens to use (the rest of the context if None)."""
+    @property
+    def limits(self) -> RequestLimits:
+        return RequestLimits(self.vocab_size, self.max_model_len, self.max_n)
+
+    def check_length(self, text: str, name: str = "prompt") -> None:
+        """Before any tokenizing: valid Unicode, and not longer than the context could hold."""
         try:
-            verify_prompt_token_ids(prompt.token_ids, self.vocab_size)
+            verify_prompt_text(text, self.max_model_len, self.max_token_chars, name)
         except ValueError as exc:
             raise APIError.bad_request(exc) from None
-        n = len(prompt.token_ids)
-        if n >= self.max_model_len:
-            raise APIError(400, f"This model's maximum context length is {self.max_model_len} tokens. However, "
-                                f"your prompt has {n} tokens, leaving no room to generate.", "prompt")
-        if max_tokens is not None and n + max_tokens > self.max_model_len:
-            raise APIError(400, f"This model's maximum context length is {self.max_model_len} tokens. However, "
-                                f"you requested {n + max_tokens} tokens ({n} in the prompt, {max_tokens} in the "
-                                "completion). Please reduce the length of the prompt or the completion.",
-                           "max_tokens")
-        return self.max_model_len - n if max_tokens is None else max_tokens
 
-    def build_params(self, request, max_tokens: Optional[int], logprobs: Optional[int]) -> SamplingParams:
+    async def off_loop(self, fn: Callable, *args) -> Any:
+        """Tokenizer work on the pool's thread (the Rust tokenizer lets go of the GIL)."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    async def encode(self, text: str, add_special_tokens: bool = True, name: str = "prompt") -> list[int]:
+        self.check_length(text, name)
+        return await self.off_loop(lambda: self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def build_params(self, request, prompt: "Prompt", max_tokens: Optional[int],
+                     logprobs: Optional[int]) -> SamplingParams:
+        """The engine's own checks, as a 400 naming the field; max_tokens None: the rest of the context."""
+        if max_tokens is None:
+            max_tokens = max(1, self.max_model_len - len(prompt.token_ids))
         try:
             params = request.sampling_params(max_tokens, logprobs)
-            params.verify_for_model(self.vocab_size, can_detokenize=True)
+            verify_request(prompt.token_ids, params, self.limits)
         except ValueError as exc:
             raise APIError.bad_request(exc) from None
         return params
+
+    async def started(self, prompt: "Prompt", params: SamplingParams, request_id: str) -> AsyncIterator[RequestOutput]:
+        """The stream once the engine has taken the request and answered: a refusal raises here, so a
+        streamed request that is refused before it starts gets a plain 4xx, not a 200 and an SSE error."""
+        it = self.stream(prompt, params, request_id)
+        try:
+            first = await it.__anext__()
+        except BaseException:
+            await it.aclose()
+            raise
+        return _prepend(first, it)
+
+    async def started_all(self, jobs: Sequence[tuple["Prompt", SamplingParams, str]]) -> list[AsyncIterator]:
+        """Every stream started, or none: one refusal closes (aborts) those already started."""
+        results = await asyncio.gather(*(self.started(*job) for job in jobs), return_exceptions=True)
+        failed = next((r for r in results if isinstance(r, BaseException)), None)
+        if failed is not None:
+            for r in results:
+                if not isinstance(r, BaseException):
+                    await r.aclose()
+            raise failed
+        return list(results)
 
     async def stream(self, prompt: Prompt, params: SamplingParams, request_id: str) -> AsyncIterator[RequestOutput]:
         """The engine's cumulative outputs for one prompt, timed; engine refusals become 400s."""
@@ -107,6 +143,15 @@ class ServingContext:
         async for out in self.stream(prompt, params, request_id):
             last = out
         return last
+
+
+async def _prepend(first, rest: AsyncIterator) -> AsyncIterator:
+    try:
+        yield first
+        async for item in rest:
+            yield item
+    finally:
+        await rest.aclose()
 
 
 async def merge(streams: Sequence[AsyncIterator]) -> AsyncIterator[tuple[int, Any]]:

@@ -1,6 +1,7 @@
 """/v1/chat/completions: the chat template, n samples, whole or streamed as SSE."""
 from __future__ import annotations
 
+import logging
 from typing import AsyncIterator, Optional
 
 from actorserve.frontend.echo import echo_prefix
@@ -9,9 +10,20 @@ from actorserve.frontend.protocol import ChatCompletionRequest, ChatMessage
 from actorserve.frontend.serving import SSE_DONE, Prompt, ServingContext, now, sse, usage
 from actorserve.runtime.engine.outputs import CompletionOutput, Logprob
 
+log = logging.getLogger("actorserve.frontend")
 
-def render_chat(tokenizer, messages: list[ChatMessage], add_generation_prompt: bool,
-                continue_final_message: bool, chat_template: Optional[str] = None) -> Prompt:
+
+async def render_chat(ctx: ServingContext, messages: list[ChatMessage], add_generation_prompt: bool,
+                      continue_final_message: bool, chat_template: Optional[str] = None,
+                      tools: Optional[list] = None) -> Prompt:
+    """The template and the tokenizer run on the pool's thread, after the cheap length check."""
+    ctx.check_length("".join(m.text() for m in messages), "messages")
+    return await ctx.off_loop(_render, ctx.tokenizer, messages, add_generation_prompt, continue_final_message,
+                              chat_template, tools)
+
+
+def _render(tokenizer, messages: list[ChatMessage], add_generation_prompt: bool, continue_final_message: bool,
+            chat_template: Optional[str], tools: Optional[list]) -> Prompt:
     if add_generation_prompt and continue_final_message:
         raise APIError(400, "continue_final_message and add_generation_prompt cannot both be true",
                        "continue_final_message")
@@ -21,7 +33,7 @@ def render_chat(tokenizer, messages: list[ChatMessage], add_generation_prompt: b
     try:
         text = tokenizer.apply_chat_template(conversation, tokenize=False, chat_template=chat_template,
                                              add_generation_prompt=add_generation_prompt,
-                                             continue_final_message=continue_final_message)
+                                             continue_final_message=continue_final_message, tools=tools)
     except Exception as exc:  # jinja errors of a template: the request's fault
         raise APIError(400, f"the chat template could not be applied: {exc}", "messages") from None
     return Prompt(text, tokenizer.encode(text, add_special_tokens=False))
@@ -31,19 +43,25 @@ class ChatServing:
     def __init__(self, ctx: ServingContext) -> None:
         self.ctx = ctx
 
-    def prepare(self, request: ChatCompletionRequest):
+    async def prepare(self, request: ChatCompletionRequest):
         self.ctx.check_model(request.model)
         if request.top_logprobs is not None and not request.logprobs:
             raise APIError(400, "top_logprobs needs logprobs to be true", "top_logprobs")
-        prompt = render_chat(self.ctx.tokenizer, request.messages, request.add_generation_prompt,
-                             request.continue_final_message, request.chat_template)
+        if request.response_format is not None and request.response_format.type != "text":
+            raise APIError(400, f"response_format {request.response_format.type!r} is not supported by this server "
+                                "(structured outputs)", "response_format")
+        if request.tool_choice not in (None, "none"):
+            raise APIError(400, "tool_choice other than \"none\" needs tool calling, which this server does not "
+                                "support", "tool_choice")
+        tools = [t.model_dump(exclude_none=True) for t in request.tools] if request.tools else None
+        prompt = await render_chat(self.ctx, request.messages, request.add_generation_prompt,
+                                   request.continue_final_message, request.chat_template, tools)
         requested = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
-        max_tokens = self.ctx.check_prompt(prompt, requested)
         logprobs = (request.top_logprobs or 0) if request.logprobs else None
-        return prompt, self.ctx.build_params(request, max_tokens, logprobs)
+        return prompt, self.ctx.build_params(request, prompt, requested, logprobs)
 
     async def create(self, request: ChatCompletionRequest, request_id: str) -> dict:
-        prompt, params = self.prepare(request)
+        prompt, params = await self.prepare(request)
         out = await self.ctx.final(prompt, params, request_id)
         prefix = echo_prefix(request, prompt.text)
         choices = [{
@@ -56,23 +74,26 @@ class ChatServing:
                 "usage": usage([prompt], [out])}
 
     async def stream(self, request: ChatCompletionRequest, request_id: str) -> AsyncIterator[str]:
-        prompt, params = self.prepare(request)
-        return self._events(request, request_id, prompt, params)
+        """Errors before the stream starts (the engine's refusal included) are plain 4xx."""
+        prompt, params = await self.prepare(request)
+        outputs = await self.ctx.started(prompt, params, request_id)
+        return self._events(request, request_id, prompt, outputs)
 
-    async def _events(self, request, request_id, prompt: Prompt, params) -> AsyncIterator[str]:
+    async def _events(self, request, request_id, prompt: Prompt, outputs) -> AsyncIterator[str]:
         head = {"id": f"chatcmpl-{request_id}", "object": "chat.completion.chunk", "created": now(),
                 "model": self.ctx.model_name}
         prefix = echo_prefix(request, prompt.text)
-        for i in range(request.n):
-            delta = {"role": "assistant", "content": prefix}
-            yield sse({**head, "choices": [{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}]})
         sent = {i: (0, 0) for i in range(request.n)}
+        done: set[int] = set()  # samples whose finish_reason went out: nothing more for them
         last = None
         try:
-            async for out in self.ctx.stream(prompt, params, request_id):
+            for i in range(request.n):
+                delta = {"role": "assistant", "content": prefix}
+                yield sse({**head, "choices": [{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}]})
+            async for out in outputs:
                 last = out
                 for s in out.outputs:
-                    chunk = _delta(s, sent, request)
+                    chunk = _delta(s, sent, done, request)
                     if chunk is not None:
                         yield sse({**head, "choices": [chunk]})
             if request.stream_options and request.stream_options.include_usage and last is not None:
@@ -80,15 +101,24 @@ class ChatServing:
                            "usage": usage([prompt], [last])})
         except APIError as exc:
             yield sse_error(exc)
+        except Exception as exc:  # after the 200: the error travels in the stream, and is logged
+            log.exception("request %s failed while streaming", request_id)
+            yield sse_error(APIError(500, f"internal error: {type(exc).__name__}"))
+        finally:
+            await outputs.aclose()
         yield SSE_DONE
 
 
-def _delta(s: CompletionOutput, sent: dict, request: ChatCompletionRequest) -> Optional[dict]:
+def _delta(s: CompletionOutput, sent: dict, done: set, request: ChatCompletionRequest) -> Optional[dict]:
+    if s.index in done:
+        return None
     chars, tokens = sent[s.index]
     text, new_tokens = s.text[chars:], s.token_ids[tokens:]
     if not text and not new_tokens and not s.finish_reason:
         return None
     sent[s.index] = (len(s.text), len(s.token_ids))
+    if s.finish_reason:
+        done.add(s.index)
     lp = None
     if request.logprobs:
         window = CompletionOutput(s.index, token_ids=new_tokens, logprobs=(s.logprobs or [])[tokens:])
