@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -23,21 +24,33 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, *extra: str, api_key: str = API_KEY) -> None:
-        self.port = free_port()
+    def __init__(self, *extra: str, api_key: str = API_KEY, port: int = None) -> None:
+        self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "actorserve.cli", "serve", "--port", str(self.port), "--max-model-len", "1024",
                "--kv-cache-memory", str(96 << 20), "--api-key", api_key, *extra]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        # the log goes to a file: a pipe nobody reads would block the server once it filled
+        self.log = tempfile.NamedTemporaryFile(prefix="actorserve-e2e-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
         deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if b"serving" in line:
-                break
-            if not line and self.proc.poll() is not None:
-                raise RuntimeError("actorserve serve exited during start-up")
+        while b"actorserve: serving" not in self.output():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.proc.kill()
+                raise RuntimeError(f"actorserve serve did not start:\n{self.output().decode(errors='replace')}")
+            time.sleep(0.1)
         self.children = {p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)}
+
+    def output(self) -> bytes:
+        with open(self.log.name, "rb") as f:
+            return f.read()
+
+    def rss(self) -> dict[str, int]:
+        """Resident memory of the server and each child, by name (frontend, scheduler, worker0...)."""
+        sizes = {"frontend": psutil.Process(self.proc.pid).memory_info().rss}
+        for pid in self.children:
+            sizes[psutil.Process(pid).cmdline()[-1]] = psutil.Process(pid).memory_info().rss
+        return sizes
 
     def child_pid(self, name: str) -> int:
         """worker0 or scheduler: the actor's name is the last word of its command line."""
@@ -57,6 +70,8 @@ class Server:
         leftover = [p for p in self.children if _alive(p)]
         for pid in leftover:
             psutil.Process(pid).kill()
+        self.log.close()
+        os.unlink(self.log.name)
         assert not leftover, f"children outlived the server: {leftover}"
         return self.proc.returncode
 

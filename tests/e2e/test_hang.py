@@ -1,0 +1,57 @@
+"""Acceptance: a hung child (SIGSTOP) is detected by its missing heartbeats within --hang-timeout: open
+streams end with an error event, /health turns 503, new requests fail fast, and the server exits 1 with
+every child gone (a stopped process is killed too)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from http.client import HTTPConnection
+
+import pytest
+
+from tests.e2e.server import API_KEY, Server, http
+
+HANG_TIMEOUT = 3.0
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def _stream(port: int, events: list, started: threading.Event) -> None:
+    conn = HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("POST", "/v1/completions", json.dumps({"prompt": "Count:", "max_tokens": 900, "stream": True,
+                                                        "ignore_eos": True}),
+                 {"Content-Type": "application/json", **AUTH})
+    for raw in conn.getresponse():
+        line = raw.decode().strip()
+        if line.startswith("data: "):
+            events.append(line[6:])
+            started.set()
+
+
+@pytest.mark.parametrize("child", ["worker0", "scheduler"])
+def test_a_stopped_child_is_declared_dead(child):
+    server = Server("--hang-timeout", str(HANG_TIMEOUT))
+    try:
+        assert http("GET", server.base_url + "/health").status_code == 200
+        events, started = [], threading.Event()
+        reader = threading.Thread(target=_stream, args=(server.port, events, started), daemon=True)
+        reader.start()
+        assert started.wait(60)
+        os.kill(server.child_pid(child), signal.SIGSTOP)
+        stopped = time.monotonic()
+        reader.join(HANG_TIMEOUT + 5)
+        assert not reader.is_alive(), "the stream hung"
+        assert events[-1] == "[DONE]"
+        error = json.loads(events[-2])["error"]
+        assert error["code"] == 503 and "stopped answering" in error["message"] and child in error["message"]
+        assert time.monotonic() - stopped < HANG_TIMEOUT + 3
+        assert http("GET", server.base_url + "/health", timeout=5).status_code == 503
+        start = time.monotonic()
+        r = http("POST", server.base_url + "/v1/completions", {"prompt": "hi"}, headers=AUTH, timeout=10)
+        assert r.status_code == 503 and time.monotonic() - start < 1, r.text
+        server.proc.wait(15)
+    finally:
+        code = server.stop()
+    assert code == 1
