@@ -12,7 +12,7 @@ ATEN_AVX2 := $(shell grep -qw avx2 /proc/cpuinfo 2>/dev/null && echo avx2 || ech
 
 PIN_HEADER := \# The versions the whole of make test last passed with; written by make constraints (see README.md)
 
-.PHONY: install test test-isa generate serve constraints clean
+.PHONY: install test test-isa soak generate serve constraints clean
 
 $(STAMP): setup.cfg pyproject.toml $(CONSTRAINTS)
 	python3 -m venv $(VENV)
@@ -30,6 +30,10 @@ test: $(STAMP)
 test-isa: $(STAMP)
 	ACTORSERVE_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=$(ATEN_AVX2) $(PY) -m pytest -q $(ISA_TESTS)
 	ACTORSERVE_CPU_ISA=generic ATEN_CPU_CAPABILITY=default $(PY) -m pytest -q $(ISA_TESTS)
+
+# The issue's 5-minute soak (make test runs the same test for 60 s); the figures go to soak.json
+soak: $(STAMP)
+	ACTORSERVE_SOAK_S=300 ACTORSERVE_SOAK_REPORT=soak.json $(PY) -m pytest -q tests/e2e/test_soak.py
 
 generate: $(STAMP)
 	$(VENV)/bin/actorserve generate --chat "What is the capital of France?"
