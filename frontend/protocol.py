@@ -15,6 +15,11 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, S
 from actorserve.runtime.engine.sampling_params import SamplingParams, check_text
 
 TokenIds = list[StrictInt]
+# How many items a list may hold, checked while the body is validated (the body size alone would let
+# one request fan out into a hundred thousand prompts or messages)
+MAX_PROMPTS = 2048
+MAX_MESSAGES = 4096
+MAX_TOOLS = 256
 
 
 def _valid_text(text: str) -> str:
@@ -102,7 +107,8 @@ class _SamplingFields(_Schema):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: Union[list[TokenIds], TokenIds, list[Text], Text]
+    prompt: Union[Annotated[list[TokenIds], Field(max_length=MAX_PROMPTS)], TokenIds,
+                  Annotated[list[Text], Field(max_length=MAX_PROMPTS)], Text]
     max_tokens: Optional[StrictInt] = 16
     logprobs: Optional[StrictInt] = None
     suffix: Optional[Text] = None
@@ -115,7 +121,7 @@ class TextPart(_Schema):
 
 class ChatMessage(_Schema):
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: Union[Text, list[TextPart], None] = None
+    content: Union[Text, Annotated[list[TextPart], Field(max_length=MAX_MESSAGES)], None] = None
     name: Optional[Text] = None
     tool_calls: Optional[list[dict[str, Any]]] = None
     tool_call_id: Optional[Text] = None
@@ -136,7 +142,7 @@ class ChatMessage(_Schema):
 
 
 class ChatCompletionRequest(_SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_tokens: Optional[StrictInt] = None
     max_completion_tokens: Optional[StrictInt] = None
     logprobs: StrictBool = False
@@ -144,7 +150,7 @@ class ChatCompletionRequest(_SamplingFields):
     add_generation_prompt: StrictBool = True
     continue_final_message: StrictBool = False
     chat_template: Optional[Text] = None
-    tools: Optional[list[Tool]] = None
+    tools: Optional[list[Tool]] = Field(None, max_length=MAX_TOOLS)
     tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = None
     response_format: Optional[ResponseFormat] = None
 
@@ -152,7 +158,7 @@ class ChatCompletionRequest(_SamplingFields):
 class TokenizeRequest(_Schema):
     model: Optional[Text] = None
     prompt: Optional[Text] = None
-    messages: Optional[list[ChatMessage]] = None
+    messages: Optional[list[ChatMessage]] = Field(None, max_length=MAX_MESSAGES)
     add_special_tokens: StrictBool = True
     add_generation_prompt: StrictBool = True
 

@@ -20,6 +20,7 @@ from actorserve.runtime.engine.outputs import RequestOutput
 from actorserve.runtime.engine.sampling_params import (RequestLimits, SamplingParams, verify_prompt_text,
                                                        verify_request)
 from actorserve.runtime.errors import EngineDeadError
+from actorserve.runtime.model.tokenizer import encode
 
 
 @dataclass
@@ -82,7 +83,7 @@ class ServingContext:
 
     async def encode(self, text: str, add_special_tokens: bool = True, name: str = "prompt") -> list[int]:
         self.check_length(text, name)
-        return await self.off_loop(lambda: self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+        return await self.off_loop(lambda: encode(self.tokenizer, text, add_special_tokens=add_special_tokens))
 
     def build_params(self, request, prompt: "Prompt", max_tokens: Optional[int],
                      logprobs: Optional[int]) -> SamplingParams:

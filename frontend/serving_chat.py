@@ -9,6 +9,7 @@ from actorserve.frontend.errors import APIError, sse_error
 from actorserve.frontend.protocol import ChatCompletionRequest, ChatMessage
 from actorserve.frontend.serving import SSE_DONE, Prompt, ServingContext, now, sse, usage
 from actorserve.runtime.engine.outputs import CompletionOutput, Logprob
+from actorserve.runtime.model.tokenizer import encode
 
 log = logging.getLogger("actorserve.frontend")
 
@@ -36,7 +37,7 @@ def _render(tokenizer, messages: list[ChatMessage], add_generation_prompt: bool,
                                              continue_final_message=continue_final_message, tools=tools)
     except Exception as exc:  # jinja errors of a template: the request's fault
         raise APIError(400, f"the chat template could not be applied: {exc}", "messages") from None
-    return Prompt(text, tokenizer.encode(text, add_special_tokens=False))
+    return Prompt(text, encode(tokenizer, text, add_special_tokens=False))
 
 
 class ChatServing:

@@ -29,6 +29,7 @@ from actorserve.runtime.config import EngineConfig
 from actorserve.runtime.engine.core import EngineCore, ModelFacts
 from actorserve.runtime.engine.outputs import RequestUpdate
 from actorserve.runtime.engine.sampling_params import SamplingParams, verify_prompt_text
+from actorserve.runtime.model.tokenizer import encode
 from actorserve.runtime.transport.channel import Channel, Envelope
 from actorserve.runtime.transport.client_security import curve_server
 from actorserve.runtime.transport.messages import (AbortRequest, AddRequest, ErrorReply, ExecuteBatch, HealthPing, HealthPong,
@@ -185,7 +186,7 @@ class SchedulerActor(Actor):
         """Tokenize on the pool's thread, then admit; an abort meanwhile cancels this."""
         loop = asyncio.get_running_loop()
         try:
-            ids = await loop.run_in_executor(self._tokenizer_pool, self.tokenizer.encode, message.prompt)
+            ids = await loop.run_in_executor(self._tokenizer_pool, encode, self.tokenizer, message.prompt)
             self._tokenizing.pop(rid, None)
             self._admit(rid, message, params, ids, origin)
         except asyncio.CancelledError:

@@ -108,6 +108,7 @@ TENSOR_FRAMES = [
     [b"\x91" * 100_000 + b"\xc0"],  # 100,000 nested arrays
     [PING, b"\x91" * 100_000 + b"\xc0"],
     [b"\x81\xa4type" + b"\x91" * 100_000 + b"\xc0"],
+    [b"\x83\xa1x" + b"\x91" * 100_000 + b"\xc0" + b"\xa4type\xabhealth_ping\xa5nonce\x01"],  # skipped unread: deep
     [b"\xc1"],  # not msgpack
 ]
 

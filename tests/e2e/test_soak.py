@@ -218,7 +218,8 @@ def test_soak():
         ctl.send(pack({"type": "health_ping", "nonce": 9}))
         pong = unpack(ctl.recv_multipart()[0])
         ctl.close(0)
-        report = {"seconds": DURATION, "counts": dict(tally.counts), "lost": tally.lost[:20],
+        report = {"seconds": DURATION, "outage_s": [round(back - kill, 1) for kill, back in tally.outages],
+                  "counts": dict(tally.counts), "lost": tally.lost[:20],
                   "rss_mb": [[{k: round(v / 2 ** 20) for k, v in s.items()} for s in run] for run in samples],
                   "end": {"num_running": pong["num_running"], "num_waiting": pong["num_waiting"],
                           "kv_cache_usage": pong["kv_cache_usage"]}}

@@ -21,6 +21,7 @@ def test_tensors_round_trip():
 
 @pytest.mark.parametrize("frames", [
     [], [b"\xc1"], [b"\x91" * 100_000 + b"\xc0"], [PING, b"\x91" * 100_000 + b"\xc0"],
+    [b"\x83\xa1x" + b"\x91" * 100_000 + b"\xc0" + b"\xa4type\xabhealth_ping\xa5nonce\x01"],
     [PING, pack([[0, "float32", [-1, -2]]]), b"\0" * 8],
     [PING, pack([[0, "float32", [2 ** 31, 2 ** 31]]]), b"\0" * 8],
     [PING, pack([[0, "float32", [2 ** 64 - 1]]]), b"\0" * 8],
