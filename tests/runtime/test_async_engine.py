@@ -90,6 +90,12 @@ async def test_bad_request_is_a_value_error_and_the_engine_serves_on(tiny_llama_
             await collect(engine, [1, 999], GREEDY)
         with pytest.raises(ValueError, match="max_model_len"):
             await collect(engine, [1] * 600, GREEDY)
+        with pytest.raises(ValueError, match="at most 128"):  # the server's max_n, as HTTP and ZMQ refuse it
+            await collect(engine, [1, 2], SamplingParams(n=129, max_tokens=1))
+        with pytest.raises(ValueError, match="you requested"):
+            await collect(engine, [1, 2], SamplingParams(max_tokens=10 ** 7))
+        with pytest.raises(ValueError, match="prompt_token_ids"):  # past 64 bits: no wire can carry it
+            await collect(engine, [1, 2 ** 70], GREEDY)
         out = await collect(engine, [1, 2], GREEDY)
         assert len(out.outputs[0].token_ids) == 12
         await engine.check_health()
