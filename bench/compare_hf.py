@@ -1,6 +1,8 @@
-"""Our engine against transformers' ``generate`` on the same weights, side by side in one run.
+"""Our engine against its peers, side by side in one run: transformers' ``generate`` on the same
+weights, and llama.cpp on the same GGUF file (``--llama-cpp``; ``pip install -e .[bench]``).
 
     .venv/bin/python bench/compare_hf.py [--dtype bfloat16 --hf-dtype float32] [--quantization none int8]
+                                         [--llama-cpp]
 
 transformers gets exactly our weights (the GGUF dequantized to fp32, as its own GGUF loader would give
 them), so the comparison is of engines, not of files. Workloads come from
@@ -9,13 +11,18 @@ prompts batched (64 new tokens each; transformers pads on the left), a 512-token
 throughput (prompts of about 128 tokens, 128 new tokens, greedy). transformers runs the offline workload
 on fewer prompts (one padded batch), since its rate is what is compared. Both run in ``--dtype``
 (``--hf-dtype float32`` keeps transformers at the issue's anchor setting); ``--quantization none int8``
-times our engine both ways, each right after the same transformers run. Prints a table of ratios and
-writes bench/results/compare_hf_<dtype>[_<quantizations>]_vs_<hf dtype>.json.
+times our engine both ways, each right after the same transformers run. llama.cpp runs each workload
+with our thread count, its multi-sequence decode for the batched ones (bench/llama_cpp_peer.py), and
+its greedy tokens are compared with ours; the resident memory after load of ``LLM()`` and of llama.cpp,
+each in a fresh process with its KV cache out of the count, is measured too. Prints a table of ratios
+and writes bench/results/compare_hf_<dtype>[_<quantizations>]_vs_<hf dtype>[_llama_cpp].json.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -68,6 +75,37 @@ def ours(llm: LLM, prompts: list[list[int]], new_tokens: int) -> float:
     return time.perf_counter() - start
 
 
+def ours_tokens(llm: LLM, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params,
+                                                         use_tqdm=False)]
+
+
+_RSS_OURS = """
+import psutil, torch
+from actorserve import LLM
+llm = LLM(dtype={dtype!r}, quantization={quantization!r}, max_model_len=1024)
+print(psutil.Process().memory_info().rss)
+"""
+_RSS_LLAMA = """
+import psutil
+import llama_cpp as lc
+lc.llama_backend_init()
+model = lc.llama_model_load_from_file({path!r}.encode(), lc.llama_model_default_params())
+params = lc.llama_context_default_params()
+params.n_ctx = 256
+ctx = lc.llama_init_from_model(model, params)
+print(psutil.Process().memory_info().rss)
+"""
+
+
+def resident_mib(code: str) -> float:
+    """RSS after load, in a fresh interpreter (our KV cache is an untouched mapping; llama.cpp's is 256
+    tokens, about 6 MiB, so neither counts)."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return int(out.strip().splitlines()[-1]) / 2 ** 20
+
+
 def offline_prompts(data: dict, count: int) -> list[list[int]]:
     """About 128 tokens each: a batch prompt, then the long prompt's tokens from a varying offset."""
     out = []
@@ -86,6 +124,7 @@ def main() -> None:
     ap.add_argument("--hf-dtype", default=None, help="transformers' dtype (default: --dtype)")
     ap.add_argument("--quantization", nargs="+", default=["none"], choices=["none", "int8"],
                     help="our engine in each of these settings, each workload timed right after transformers'")
+    ap.add_argument("--llama-cpp", action="store_true", help="llama.cpp on the same GGUF too")
     args = ap.parse_args()
     hf_dtype = args.hf_dtype or args.dtype
     data = json.loads(PROMPTS.read_text())
@@ -97,37 +136,83 @@ def main() -> None:
     for llm in engines.values():
         ours(llm, [data["single"]], 4)  # warm-up
     hf_generate(hf, [data["single"]], 4)
+    first = next(iter(engines.values()))
+    gguf = first.config.model.model or _default_gguf()
+    peers = {}
+    if args.llama_cpp:
+        from llama_cpp_peer import LlamaCpp  # beside this script
+
+        threads = torch.get_num_threads()
+        peers["batched"] = LlamaCpp(gguf, threads, max_sequences=16, context=4096, unified=True)
+        peers["offline"] = LlamaCpp(gguf, threads, max_sequences=args.offline_prompts,
+                                    context=args.offline_prompts * 256, unified=False)
+        peers["batched"].generate([data["single"]], 4)  # warm-up
 
     rows = []
 
-    def row(name, tokens, prompts, new_tokens, hf_prompts=None):
+    def row(name, tokens, prompts, new_tokens, hf_prompts=None, peer="batched"):
         hf_prompts = hf_prompts or prompts
         hf_s = hf_generate(hf, hf_prompts, new_tokens)
         hf_rate = tokens * len(hf_prompts) / len(prompts) / hf_s
+        lc_rate = lc_tokens = None
+        if peer in peers:
+            lc_s, lc_tokens = peers[peer].generate(prompts, new_tokens)
+            lc_rate = tokens / lc_s
         for q, llm in engines.items():
             our_s = ours(llm, prompts, new_tokens)
             our_rate = tokens / our_s
             rows.append({"workload": name, "quantization": q, "transformers_tok_s": hf_rate,
                          "actorserve_tok_s": our_rate, "ratio": our_rate / hf_rate, "transformers_s": hf_s,
-                         "actorserve_s": our_s})
+                         "actorserve_s": our_s, "llama_cpp_tok_s": lc_rate,
+                         "ratio_llama_cpp": None if lc_rate is None else our_rate / lc_rate,
+                         "llama_cpp_token_agreement": None})
+        if lc_tokens is not None:  # after the timed runs: this run fills the prefix cache
+            ref = ours_tokens(first, prompts, new_tokens)
+            agree = sum(a == b for x, y in zip(ref, lc_tokens) for a, b in zip(x, y)) / sum(len(x) for x in ref)
+            for r in rows[-len(engines):]:
+                r["llama_cpp_token_agreement"] = agree
 
     row("single-stream decode (64 new)", 64, [data["single"]], 64)
     row("16 prompts x 64 new", 16 * 64, data["batch"], 64)
     row("512-token prefill (+1 token)", 512, [data["long"]], 1)
     big = offline_prompts(data, args.offline_prompts)
     row(f"offline {args.offline_prompts} x 128 in / 128 out", len(big) * 128, big, 128,
-        hf_prompts=big[:args.hf_offline_prompts])
-
-    print(f"{'workload':42} {'ours':>5} {'transformers':>14} {'actorserve':>12} {'ratio':>7}")
-    for r in rows:
-        print(f"{r['workload']:42} {r['quantization']:>5} {r['transformers_tok_s']:10.1f} t/s "
-              f"{r['actorserve_tok_s']:8.1f} t/s {r['ratio']:6.2f}x")
+        hf_prompts=big[:args.hf_offline_prompts], peer="offline")
+    for peer in peers.values():
+        peer.close()
+    memory = {}
+    if args.llama_cpp:
+        memory = {"llama_cpp_rss_mib": resident_mib(_RSS_LLAMA.format(path=gguf))}
+        for q in engines:
+            memory[f"actorserve_{q}_rss_mib"] = resident_mib(_RSS_OURS.format(
+                dtype=args.dtype, quantization=None if q == "none" else q))
+    _print(rows, memory)
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
-    suffix = "" if args.quantization == ["none"] else "_" + "_".join(args.quantization)
+    suffix = ("" if args.quantization == ["none"] else "_" + "_".join(args.quantization)) + (
+        "_llama_cpp" if args.llama_cpp else "")
     (out / f"compare_hf_{args.dtype}{suffix}_vs_{hf_dtype}.json").write_text(
-        json.dumps({"dtype": args.dtype, "hf_dtype": hf_dtype, "quantization": args.quantization, "rows": rows},
-                   indent=1))
+        json.dumps({"dtype": args.dtype, "hf_dtype": hf_dtype, "quantization": args.quantization, "rows": rows,
+                    "memory": memory, "threads": torch.get_num_threads()}, indent=1))
+
+
+def _default_gguf() -> str:
+    from actorserve.runtime.model.loader import resolve_model_path
+
+    return resolve_model_path(None)
+
+
+def _print(rows: list[dict], memory: dict) -> None:
+    print(f"{'workload':42} {'ours':>5} {'transformers':>14} {'llama.cpp':>12} {'actorserve':>12} "
+          f"{'/ transformers':>15} {'/ llama.cpp':>12} {'same tokens':>12}")
+    for r in rows:
+        lc = "" if r["llama_cpp_tok_s"] is None else f"{r['llama_cpp_tok_s']:8.1f} t/s"
+        lr = "" if r["ratio_llama_cpp"] is None else f"{r['ratio_llama_cpp']:6.2f}x"
+        ag = "" if r["llama_cpp_token_agreement"] is None else f"{100 * r['llama_cpp_token_agreement']:5.1f}%"
+        print(f"{r['workload']:42} {r['quantization']:>5} {r['transformers_tok_s']:10.1f} t/s {lc:>12} "
+              f"{r['actorserve_tok_s']:8.1f} t/s {r['ratio']:14.2f}x {lr:>12} {ag:>12}")
+    for name, mib in memory.items():
+        print(f"resident after load, {name[:-8]}: {mib:.0f} MiB")
 
 
 if __name__ == "__main__":
