@@ -9,6 +9,7 @@ from actorserve.frontend.errors import APIError, sse_error
 from actorserve.frontend.protocol import CompletionRequest
 from actorserve.frontend.serving import SSE_DONE, Prompt, ServingContext, merge, now, sse, usage
 from actorserve.runtime.engine.outputs import CompletionOutput, Logprob
+from actorserve.runtime.model.tokenizer import encode
 
 log = logging.getLogger("actorserve.frontend")
 
@@ -31,7 +32,7 @@ class CompletionServing:
         prompts = []
         for item in p:
             if isinstance(item, str):
-                prompts.append(Prompt(item, await self.ctx.encode(item)))
+                prompts.append(Prompt(item, await self.ctx.off_loop(encode, self.ctx.tokenizer, item)))
             else:
                 prompts.append(Prompt(None, list(item)))
         if any(not x.token_ids for x in prompts):

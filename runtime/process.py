@@ -3,8 +3,9 @@
 The launcher calls ``spawn``: a fresh interpreter runs ``python -m actorserve.runtime.process`` (so the caller's
 ``__main__`` is never re-imported, guard or no guard), reads its typed ChildSpec from stdin, builds its
 actor on a uvloop loop, and reports ``{"kind": "ready" | "error", ...}`` as one JSON line on the ready
-pipe, then beats on the same pipe from its loop (the supervisor's hang detection). It stops on SIGTERM, when the launcher's end of the death pipe closes (the launcher died), or when
-its actor stops. SIGINT is left to the launcher, which drives shutdown for the whole engine.
+pipe, then beats on the same pipe from its loop (the supervisor's hang detection). It stops on SIGTERM,
+when the launcher's end of the death pipe closes (the launcher died), or when its actor stops. SIGINT is
+left to the launcher, which drives shutdown for the whole engine.
 """
 from __future__ import annotations
 
