@@ -101,7 +101,7 @@ print(psutil.Process().memory_info().rss)
 
 def resident_mib(code: str) -> float:
     """RSS after load, in a fresh interpreter (our KV cache is an untouched mapping; llama.cpp's is 256
-    tokens, about 6 MiB, so neither counts)."""
+    tokens, so neither counts)."""
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     return int(out.strip().splitlines()[-1]) / 2 ** 20
 

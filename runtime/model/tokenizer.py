@@ -101,8 +101,8 @@ TRIM_ABOVE_CHARS = 64 << 10
 
 def encode(tokenizer, text: str, **kwargs) -> list[int]:
     """``tokenizer.encode``; after a long text, the allocator gives the tokenizer's scratch memory back
-    to the system (glibc keeps freed memory in the thread's arena otherwise: a refused 1 MB prompt
-    would leave the process a third bigger for good)."""
+    to the system (glibc keeps freed memory in the thread's arena otherwise, so a refused giant prompt
+    would leave the process bigger for good; bench/hostile.py measures it)."""
     ids = tokenizer.encode(text, **kwargs)
     if len(text) > TRIM_ABOVE_CHARS:
         release_free_memory()
