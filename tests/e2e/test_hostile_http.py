@@ -191,18 +191,18 @@ def test_the_schema_is_as_strict_as_vllms(server, bounded, path, raw, param):
 
 def test_a_streamed_request_the_engine_refuses_is_a_plain_400(server, bounded):
     """The engine's own refusal (a request id already streaming) comes before any 200."""
-    body = {"prompt": "Tell me a story", "max_tokens": 200, "ignore_eos": True, "stream": True}
-    first = threading.Thread(target=post, args=(server, "/v1/chat/completions"),
-                             kwargs={"body": {"messages": [{"role": "user", "content": "go"}], "max_tokens": 300,
-                                              "ignore_eos": True, "stream": True},
-                                     "headers": {"X-Request-Id": "same-id"}})
+    results = []
+    body = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 300, "ignore_eos": True, "stream": True}
+    first = threading.Thread(target=lambda: results.append(
+        post(server, "/v1/chat/completions", body, headers={"X-Request-Id": "same-id"}, timeout=180)))
     first.start()
     time.sleep(1.0)
     r = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stream": True},
              headers={"X-Request-Id": "same-id"})
     assert_error(r, 400, words="already")
     first.join(120)
-    assert body  # the first one ran to its end
+    chunks = sse_chunks(results[0])  # the first one ran to its end, untouched by the refusal
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
     bounded.check("a refused stream")
 
 
