@@ -1,14 +1,72 @@
 """Shared fixtures: the real default model (loaded once), the reference data, tiny random HF models."""
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
+import signal
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT.parent / "shared" / "reference"
+
+# No test may hang the suite: past its limit a test fails with every thread's stack on stderr (its
+# finally blocks still stop what it started), and a test that cannot be interrupted there (stuck in a
+# C call) ends the whole run a minute later, so CI reports a failure rather than its own time-out.
+TIME_LIMIT_S = float(os.environ.get("ACTORSERVE_TEST_TIME_LIMIT_S", "300"))
+
+
+class TimeLimitExceeded(BaseException):
+    """BaseException, so that a test's own ``except Exception`` cannot swallow it."""
+
+
+def _time_limit(item) -> float:
+    marker = item.get_closest_marker("time_limit")
+    return float(marker.args[0]) if marker is not None else TIME_LIMIT_S
+
+
+def _timed_out(signum, frame):
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    raise TimeLimitExceeded("the test ran past its time limit")
+
+
+def _arm(item) -> None:
+    """Each phase (setup, call, teardown) gets the whole limit."""
+    limit = _time_limit(item)
+    signal.setitimer(signal.ITIMER_REAL, limit)
+    faulthandler.dump_traceback_later(limit + 60, exit=True)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    previous = signal.signal(signal.SIGALRM, _timed_out)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        faulthandler.cancel_dump_traceback_later()
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    _arm(item)
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    _arm(item)
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    _arm(item)
+    yield
 
 
 def reference(name: str) -> dict:

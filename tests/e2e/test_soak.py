@@ -21,6 +21,7 @@ from http.client import HTTPConnection
 
 import msgspec
 import psutil
+import pytest
 import zmq
 
 from tests.e2e.server import API_KEY, Server, free_port, http
@@ -176,6 +177,7 @@ def rss(server: Server) -> dict[str, int]:
         return {}
 
 
+@pytest.mark.time_limit(DURATION + 300)  # the run, the server's start and stop
 def test_soak():
     port, zport = free_port(), free_port()
     address = f"tcp://127.0.0.1:{zport}"
