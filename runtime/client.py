@@ -7,9 +7,10 @@ cumulative vLLM-shaped RequestOutputs. Leaving a stream early (break, cancel) se
 A socket monitor watches the connection: when the server closes it (its process died or was stopped),
 every call in flight fails at once instead of waiting for answers that cannot come: with EngineStartError
 if the server never answered on that connection (it went away while starting), else EngineDeadError. ZMQ
-reconnects by itself, so a later call goes to whatever serves the address then. A call that finds no
-server listening for ``connect_timeout`` seconds fails with EngineStartError too (the server process binds
-its socket early in its start, long before the model is loaded).
+reconnects by itself, so a later call goes to whatever serves the address then; but a server that refuses
+this client's CurveZMQ key is never tried again, and every call fails with PermissionError. A call that
+finds no server listening for ``connect_timeout`` seconds fails with EngineStartError too (the server
+process binds its socket early in its start, long before the model is loaded).
 """
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ from actorserve.runtime.transport.messages import (AbortRequest, AddRequest, Err
                                         RequestOutputDelta, WireSamplingParams)
 
 PromptInput = Union[str, list[int], dict]
+_HANDSHAKE_FAILED = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+_WATCHED_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH | _HANDSHAKE_FAILED
 
 
 class ZmqClient:
@@ -69,7 +72,7 @@ class ZmqClient:
             # inproc has no connection events
             watched = self.watch_connection and not self.address.startswith("inproc://")
             self._channel = Channel(self._ctx, "dealer", self.address, bind=False, identity=uuid.uuid4().hex.encode(),
-                                    monitor_events=zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED if watched else 0,
+                                    monitor_events=_WATCHED_EVENTS if watched else 0,
                                     configure=self._configure)
             self._receiver = asyncio.ensure_future(self._receive())
             if watched:
@@ -89,6 +92,14 @@ class ZmqClient:
             elif event == zmq.EVENT_DISCONNECTED:
                 self._connected.clear()
                 self._fail_in_flight(self._went_away())
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                # ZMQ does not reconnect after a refusal: this client can never be answered
+                self.fail_all(PermissionError(f"the engine at {self.address} refused this client's CurveZMQ key: "
+                                              "its public key is not among the server's authorized keys"))
+            elif event & _HANDSHAKE_FAILED:
+                self._fail_in_flight(EngineStartError(
+                    f"the CurveZMQ handshake with the engine at {self.address} failed: curve_server_key must be "
+                    "the server's public key, and client and server must both use CurveZMQ or both not"))
 
     def _went_away(self) -> EngineDeadError:
         if self._answered:

@@ -15,7 +15,7 @@ import pytest
 import zmq
 import zmq.auth
 
-from actorserve import SamplingParams, ZmqClient
+from actorserve import EngineStartError, SamplingParams, ZmqClient
 from tests.e2e.test_zmq_protocol import free_port
 
 KEY = "zmq-secret"
@@ -30,7 +30,12 @@ def start(*flags: str):
                             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     deadline = time.monotonic() + 120
     while b"serving" not in open(log.name, "rb").read():
-        assert proc.poll() is None and time.monotonic() < deadline, open(log.name, "rb").read().decode()
+        if proc.poll() is not None or time.monotonic() > deadline:
+            text = open(log.name, "rb").read().decode()
+            proc.kill()
+            proc.wait()
+            log.close()
+            pytest.fail(f"the server did not start:\n{text}")
         time.sleep(0.1)
     return address, proc, log
 
@@ -114,30 +119,58 @@ def test_curve_admits_only_authorized_keys(tmp_path):
     os.rename(client_public, allowed / "client.key")
     address, proc, log = start("--curve-secret-key", server_secret, "--curve-authorized-keys", str(allowed))
     try:
+        raw_clients_get_nothing(address, server_public, stranger_secret)
+
         async def main():
+            stranger = ZmqClient(address, curve_server_key=server_public, curve_client_key=stranger_secret)
+            wrong_server = ZmqClient(address, curve_server_key=client_public_in(allowed), curve_client_key=client_secret)
             client = ZmqClient(address, curve_server_key=server_public, curve_client_key=client_secret)
             try:
+                with pytest.raises(PermissionError, match="refused this client's CurveZMQ key"):
+                    async for _ in stranger.generate("Hello", SamplingParams(max_tokens=2)):
+                        pass
+                with pytest.raises(PermissionError):  # and every later call
+                    await stranger.check_health()
+                with pytest.raises(EngineStartError, match="handshake"):
+                    async for _ in wrong_server.generate("Hello", SamplingParams(max_tokens=2)):
+                        pass
                 outs = [o async for o in client.generate("Hello", SamplingParams(temperature=0, max_tokens=2))]
-                assert outs[-1].finished
+                assert outs[-1].finished and len(outs[-1].outputs[0].token_ids) == 2
+                assert (await client.check_health()).num_running == 0
             finally:
-                await client.close()
-        asyncio.run(main())
-        ctx = zmq.Context()
-        try:
-            plain = dealer(ctx, address)
-            spk, _ = zmq.auth.load_certificate(server_public)
-            pk, sk = zmq.auth.load_certificate(stranger_secret)
-
-            def as_stranger(s):
-                s.curve_serverkey, s.curve_publickey, s.curve_secretkey = spk, pk, sk
-            stranger = dealer(ctx, address, as_stranger)
-            for s in (plain, stranger):  # neither gets through the handshake: nothing is answered
-                s.setsockopt(zmq.RCVTIMEO, 2000)
-                s.send(pack({"type": "health_ping", "nonce": 1}))
-                with pytest.raises(zmq.Again):
-                    s.recv_multipart()
-                s.close()
-        finally:
-            ctx.term()
+                for c in (stranger, wrong_server, client):
+                    await c.close()
+        asyncio.run(asyncio.wait_for(main(), 60))
     finally:
         stop(proc, log)
+
+
+def client_public_in(folder) -> str:
+    """A public key that is not the server's: the client's own, as a client that mixed up the files has."""
+    return str(folder / "client.key")
+
+
+def raw_clients_get_nothing(address: str, server_public: str, stranger_secret: str) -> None:
+    """A plain socket and a stranger's CurveZMQ socket: neither gets through the handshake, nothing is
+    answered; once refused, ZMQ drops the stranger's queue, so its send may not even be taken."""
+    spk, _ = zmq.auth.load_certificate(server_public)
+    pk, sk = zmq.auth.load_certificate(stranger_secret)
+
+    def as_stranger(s):
+        s.curve_serverkey, s.curve_publickey, s.curve_secretkey = spk, pk, sk
+    ctx = zmq.Context()
+    sockets = []
+    try:
+        sockets = [dealer(ctx, address), dealer(ctx, address, as_stranger)]
+        for s in sockets:
+            s.setsockopt(zmq.RCVTIMEO, 2000)
+            try:
+                s.send(pack({"type": "health_ping", "nonce": 1}), zmq.NOBLOCK)
+            except zmq.Again:
+                continue
+            with pytest.raises(zmq.Again):
+                s.recv_multipart()
+    finally:
+        for s in sockets:
+            s.close(linger=0)
+        ctx.destroy(linger=0)
