@@ -7,8 +7,10 @@ directly) detects them on first ask, from the same override.
 
 Each path has its own predicate, so that one missing instruction switches off only what needs it:
 
-- ``avx512_bf16_kernels``: the C sources built for AVX-512 BF16 (decode attention, the fused row kernels,
-  the skinny GEMM, the int8 row passes). The decode fast path runs on these, so it follows them.
+- ``kernel_isa``: which build of the C kernels (decode attention, the fused row kernels, the skinny GEMM,
+  the int8 row passes) runs: ``"avx512_bf16"`` where the CPU has AVX-512 BF16, else ``"avx2"`` where it
+  has AVX2 with FMA (an AVX-512 CPU without BF16 too), else None. Each source is one text built per ISA
+  (kernels/simd.h). The decode fast path runs on these, so it follows them.
 - ``prepacked_bf16``: oneDNN's blocked bf16 weights. torch refuses to reorder a bf16 weight unless the CPU
   has AVX-512 BW/VL/DQ or AVX-NE-CONVERT, and says so only by raising at load; this asks first.
 - ``int_mm``: ``torch._int_mm``, the int8 product, checked by running it once; without it the int8 layers
@@ -46,12 +48,13 @@ class CpuPaths:
     isa: str  # the level the gates saw: this CPU's, or the override's where that is lower
     hardware_isa: str  # this CPU's own level
     kernels_enabled: bool = True  # False: ACTORSERVE_CPU_KERNELS=0, every C kernel and prepacking off
-    avx512_bf16_kernels: bool = False
+    kernel_isa: Optional[str] = None  # the C kernels' build: "avx512_bf16", "avx2", or None (none run)
     prepacked_bf16: bool = False
     int_mm: bool = False
 
     def describe(self) -> str:
-        on = [name for name in ("avx512_bf16_kernels", "prepacked_bf16", "int_mm") if getattr(self, name)]
+        on = ([f"C kernels ({self.kernel_isa})"] if self.kernel_isa else []) + [
+            name for name in ("prepacked_bf16", "int_mm") if getattr(self, name)]
         seen = self.isa if self.isa == self.hardware_isa else f"{self.isa} (override; this CPU: {self.hardware_isa})"
         return f"CPU {seen}; fast paths on: {', '.join(on) or 'none'}" + (
             "" if self.kernels_enabled else " (ACTORSERVE_CPU_KERNELS=0)")
@@ -123,13 +126,20 @@ def _int_mm_runs() -> bool:
         return False
 
 
+def kernel_isa(features: CpuFeatures) -> Optional[str]:
+    """The best build of the C kernels these features run."""
+    if features.avx512_bf16:
+        return "avx512_bf16"
+    return "avx2" if features.isa in ("avx2", "avx512") else None
+
+
 def detect(isa_override: Optional[str] = None, kernels_enabled: bool = True) -> CpuPaths:
     if isa_override is not None and isa_override not in ISAS:
         raise ValueError(f"the CPU ISA override must be one of {ISAS}, got {isa_override!r}")
     real = hardware_features()
     seen = masked(real, isa_override)
     return CpuPaths(isa=seen.isa, hardware_isa=real.isa, kernels_enabled=kernels_enabled,
-                    avx512_bf16_kernels=kernels_enabled and seen.avx512_bf16,
+                    kernel_isa=kernel_isa(seen) if kernels_enabled else None,
                     prepacked_bf16=kernels_enabled and _onednn_bf16(seen),
                     int_mm=_int_mm_runs())
 

@@ -87,15 +87,22 @@ def load(source: Path, flags: list[str]) -> Optional[ctypes.CDLL]:
 
 # -ffp-contract=off: GCC would otherwise fuse a written multiply and add into one FMA (its default outside
 # ISO C mode), which rounds once where torch's sequence rounds twice, and the kernels match torch to the bit.
-AVX512_BF16_FLAGS = ["-O3", "-ffp-contract=off", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16",
-                     "-fopenmp"]
+# The ISA flags pick the branch of kernels/simd.h a source is built against (capability.kernel_isa names it).
+ISA_FLAGS = {
+    "avx512_bf16": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"],
+    "avx2": ["-mavx2", "-mfma"],
+}
+COMMON_FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp"]
+
+
+def flags_for(isa: str) -> list[str]:
+    return COMMON_FLAGS + ISA_FLAGS[isa]
 
 
 class CpuKernelLibrary:
-    """One AVX-512 BF16 C source, built and loaded at most once per process, with its functions' ctypes
-    signatures declared; None where this process's gate (``capability.current().avx512_bf16_kernels``:
-    the CPU or the ISA override lacks AVX-512 BF16, or ``ACTORSERVE_CPU_KERNELS=0``) says no, or the build
-    fails."""
+    """One C source, built for this process's ISA (``capability.current().kernel_isa``) and loaded at most
+    once per process, with its functions' ctypes signatures declared; None where the gate says no (a CPU,
+    or an ISA override, below AVX2, or ``ACTORSERVE_CPU_KERNELS=0``), or the build fails."""
 
     def __init__(self, source: Path, signatures: dict[str, tuple[Any, list[Any]]]) -> None:
         self.source, self.signatures = source, signatures
@@ -106,11 +113,11 @@ class CpuKernelLibrary:
         paths = capability.current()
         if paths is not self._paths:
             self._paths = paths
-            self._lib = self._load() if paths.avx512_bf16_kernels else None
+            self._lib = self._load(paths.kernel_isa) if paths.kernel_isa else None
         return self._lib
 
-    def _load(self) -> Optional[ctypes.CDLL]:
-        lib = load(self.source, AVX512_BF16_FLAGS)
+    def _load(self, isa: str) -> Optional[ctypes.CDLL]:
+        lib = load(self.source, flags_for(isa))
         if lib is not None:
             for name, (restype, argtypes) in self.signatures.items():
                 fn = getattr(lib, name)

@@ -1,4 +1,4 @@
-"""Decode attention read straight from the paged bf16 cache, on CPUs with AVX-512 BF16.
+"""Decode attention read straight from the paged bf16 cache, on CPUs with AVX2 or AVX-512 BF16.
 
 The torch backend gathers every decoding sequence's K/V blocks into a contiguous copy in every layer
 (``index_select``), then runs two small ``bmm``s: at batch 256 that is a third of a decode step, and at

@@ -1,4 +1,5 @@
-/* Decode attention over the paged bf16 KV cache, read in place (no gather), on CPUs with AVX-512 BF16.
+/* Decode attention over the paged bf16 KV cache, read in place (no gather), written against the vector
+ * layer (../simd.h) and built once per ISA.
  *
  * One query token per sequence. q and out are [B, H, D]; the caches are [KVH, num_blocks, block_size, D]
  * (the torch backend's layout); block_tables is [B, table_stride] int64, seq_lens [B] int64. Each work
@@ -9,7 +10,7 @@
 #include <omp.h>
 #include <stdlib.h>
 
-#include "../bf16_avx512.h"
+#include "../simd.h"
 
 #define MAX_G 16
 #define MAX_D 256
@@ -24,35 +25,19 @@ static inline void prefetch_block(const uint16_t *p, int64_t elems) {
     for (int64_t i = 0; i < elems; i += 32) _mm_prefetch((const char *)(p + i), _MM_HINT_T0);
 }
 
-/* Lane j of the result is the sum of v[j]'s 16 lanes: a transpose-and-add tree, 15 adds for 16 sums
- * where 16 separate reductions take 64 shuffles and adds. */
-static inline __m512 sum16(const __m512 v[16]) {
-    __m512 t[8], u[4];
-    for (int i = 0; i < 8; i++)  /* per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] of v[2i], v[2i+1] */
-        t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-    for (int i = 0; i < 4; i++) { /* per 128-bit lane: that lane's sums of v[4i .. 4i+3] */
-        __m512d c = _mm512_castps_pd(t[2 * i]), d = _mm512_castps_pd(t[2 * i + 1]);
-        u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(c, d)), _mm512_castpd_ps(_mm512_unpackhi_pd(c, d)));
-    }
-    /* across the four 128-bit lanes */
-    __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xdd));
-    __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88), _mm512_shuffle_f32x4(u[2], u[3], 0xdd));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xdd));
-}
-
 /* One (sequence, KV head). Inlined into clones with G and D constant (``one_fixed``), so that the loops
  * over heads and columns unroll and the accumulators live in registers: with them in memory (runtime G
  * and D) every multiply-add of pass 2 went through the stack, and the kernel ran at about half the
- * machine's memory bandwidth. Pass 1 keeps 16 partial sums of one head at a time; pass 2 tiles the heads
- * by 4 and the columns by 64, at most 16 accumulators, re-reading a tile's value rows from cache. */
+ * machine's memory bandwidth. Pass 1 keeps VL partial sums of one head at a time; pass 2 tiles the heads
+ * by 4 and the columns by 4 vectors, at most 16 accumulators, re-reading a tile's value rows from cache. */
 static inline __attribute__((always_inline)) void one_impl(
         const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, const int64_t *table, int64_t len,
         uint16_t *out, const int64_t G, int64_t NB, int64_t BS, const int64_t D, int64_t kvh, float scale,
         float *scores /* [G, len rounded up to 16] */) {
     const int64_t stride = (len + 15) / 16 * 16;
     const int64_t head_base = kvh * NB * BS * D;
-    /* pass 1: scores[g, t] = scale * q_g . k_t, 16 keys at a time (one horizontal reduction per 16) */
-    const __m512 vscale = _mm512_set1_ps(scale);
+    /* pass 1: scores[g, t] = scale * q_g . k_t, VL keys at a time (one horizontal reduction per VL) */
+    const vf vscale = vset1(scale);
     for (int64_t t0 = 0; t0 < len; t0 += BS) {
         const uint16_t *kb = k_cache + head_base + table[t0 / BS] * BS * D;
         const int64_t n = len - t0 < BS ? len - t0 : BS;
@@ -68,23 +53,20 @@ static inline __attribute__((always_inline)) void one_impl(
             prefetch_block(k_cache + head_base + table[t0 / BS + AHEAD] * BS * D, BS * D);
             prefetch_block(v_cache + head_base + table[t0 / BS + AHEAD] * BS * D, BS * D);
         }
-        for (int64_t i0 = 0; i0 < n; i0 += 16) {
-            const int64_t m = n - i0 < 16 ? n - i0 : 16;
+        for (int64_t i0 = 0; i0 < n; i0 += VL) {
+            const vcount m = vtail(n, i0);
             for (int64_t g = 0; g < G; g++) {
                 const uint16_t *qg = q + g * D;
-                __m512 part[16];
-                for (int64_t j = 0; j < 16; j++) {
-                    __m512 acc = _mm512_setzero_ps();
+                vf part[VL];
+                for (int64_t j = 0; j < VL; j++) {
+                    vf acc = vzero();
                     if (j < m) {
                         const uint16_t *kr = kb + (i0 + j) * D;
-                        for (int64_t d = 0; d < D; d += 32)
-                            acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(qg + d),
-                                                   (__m512bh)_mm512_loadu_si512(kr + d));
+                        for (int64_t d = 0; d < D; d += VDOT) acc = vdot_bf16(acc, qg + d, kr + d);
                     }
                     part[j] = acc;
                 }
-                _mm512_mask_storeu_ps(scores + g * stride + t0 + i0, tail_mask(m, 0),
-                                      _mm512_mul_ps(sum16(part), vscale));
+                vstore_n(scores + g * stride + t0 + i0, vmul(vsum_each(part), vscale), m);
             }
         }
     }
@@ -92,26 +74,26 @@ static inline __attribute__((always_inline)) void one_impl(
     for (int64_t g = 0; g < G; g++) {
         float *s = scores + g * stride;
         for (int64_t t = len; t < stride; t++) s[t] = -INFINITY;
-        __m512 m = _mm512_set1_ps(-INFINITY);
-        for (int64_t t = 0; t < stride; t += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(s + t));
-        __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(m)), sum = _mm512_setzero_ps();
-        for (int64_t t = 0; t < stride; t += 16) {
-            __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + t), mx));
-            e = _mm512_maskz_mov_ps((__mmask16)(t + 16 <= len ? 0xffff : (1u << (len - t)) - 1), e);
-            sum = _mm512_add_ps(sum, e);
-            _mm512_storeu_ps(s + t, e);
+        vf m = vset1(-INFINITY);
+        for (int64_t t = 0; t < stride; t += VL) m = vmax(m, vload(s + t));
+        const vf mx = vset1(vmaxall(m));
+        vf sum = vzero();
+        for (int64_t t = 0; t < stride; t += VL) {
+            const vf e = vkeep(vexp(vsub(vload(s + t), mx)), t < len ? vtail(len, t) : 0);
+            sum = vadd(sum, e);
+            vstore(s + t, e);
         }
-        __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
-        for (int64_t t = 0; t < stride; t += 16) _mm512_storeu_ps(s + t, _mm512_mul_ps(_mm512_loadu_ps(s + t), inv));
+        const vf inv = vset1(1.0f / vsum(sum));
+        for (int64_t t = 0; t < stride; t += VL) vstore(s + t, vmul(vload(s + t), inv));
     }
     /* pass 2: out_g = sum_t p[g, t] v_t, fp32 accumulators, per tile of up to 4 heads x 64 columns */
     for (int64_t g0 = 0; g0 < G; g0 += 4) {
         const int64_t gt = G - g0 < 4 ? G - g0 : 4;
-        for (int64_t c0 = 0; c0 < D; c0 += 64) {
-            const int64_t ct = (D - c0 < 64 ? D - c0 : 64) / 16;
-            __m512 acc[4][4];
+        for (int64_t c0 = 0; c0 < D; c0 += 4 * VL) {
+            const int64_t ct = (D - c0 < 4 * VL ? D - c0 : 4 * VL) / VL;
+            vf acc[4][4];
             for (int64_t g = 0; g < 4; g++)
-                for (int64_t j = 0; j < 4; j++) acc[g][j] = _mm512_setzero_ps();
+                for (int64_t j = 0; j < 4; j++) acc[g][j] = vzero();
             for (int64_t t0 = 0; t0 < len; t0 += BS) {
                 const uint16_t *vb = v_cache + head_base + table[t0 / BS] * BS * D + c0;
                 const int64_t n = len - t0 < BS ? len - t0 : BS;
@@ -120,19 +102,19 @@ static inline __attribute__((always_inline)) void one_impl(
                     const uint16_t *vr = vb + i * D;
                     for (int64_t j = 0; j < 4; j++) {
                         if (j >= ct) break;
-                        __m512 v = load_bf16(vr + j * 16, 0xffff);
+                        const vf v = vload_bf16(vr + j * VL);
                         for (int64_t g = 0; g < 4; g++) {
                             if (g >= gt) break;
-                            acc[g][j] = _mm512_fmadd_ps(_mm512_set1_ps(p[g * stride + i]), v, acc[g][j]);
+                            acc[g][j] = vfmadd(vset1(p[g * stride + i]), v, acc[g][j]);
                         }
                     }
                 }
             }
             for (int64_t g = 0; g < gt; g++)
                 for (int64_t j = 0; j < ct; j++) {
-                    float tmp[16];
-                    _mm512_storeu_ps(tmp, acc[g][j]);
-                    for (int e = 0; e < 16; e++) out[(g0 + g) * D + c0 + j * 16 + e] = to_bf16(tmp[e]);
+                    float tmp[VL];
+                    vstore(tmp, acc[g][j]);
+                    for (int e = 0; e < VL; e++) out[(g0 + g) * D + c0 + j * VL + e] = to_bf16(tmp[e]);
                 }
         }
     }

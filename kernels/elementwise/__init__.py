@@ -1,6 +1,6 @@
 """The row operations of a decoder layer (RMSNorm, residual add + RMSNorm, SiLU-and-multiply, rotary) and
 the greedy sampler's row argmax: a C
-path for bf16 on CPUs with AVX-512 BF16 (``cpu_bf16``), and torch references, which are also the path
+path for bf16 on CPUs with AVX2 or AVX-512 BF16 (``cpu_bf16``), and torch references, which are also the path
 for every other dtype and device (fp32 stays on them: it is held exact against the reference model)."""
 from __future__ import annotations
 

@@ -6,12 +6,12 @@
  *   add_rms_norm: h = bf16(x + d); y = rms_norm(h)                      (h is written back too)
  *   silu_mul:     y = bf16(bf16(silu(g)) * u) for gate_up rows [g | u]
  *   argmax:       torch.argmax of each row (the greedy sampler's, without widening the logits to fp32)
- * Needs AVX-512 BF16 (vcvtneps2bf16); the caller checks the CPU.
+ * Written against the vector layer (../simd.h), built once per ISA; the caller checks the CPU.
  */
 #include <math.h>
 #include <omp.h>
 
-#include "../bf16_avx512.h"
+#include "../simd.h"
 
 #define PAR_MIN_ELEMS 65536 /* below this one thread does the rows: a parallel region costs more */
 
@@ -29,9 +29,9 @@ void rms_norm_bf16(const uint16_t *x, const uint16_t *d, uint16_t *h, const uint
 }
 
 static void silu_mul_row(const uint16_t *gu, uint16_t *y, int64_t n) {
-    for (int64_t i = 0; i < n; i += 16) {
-        __mmask16 m = tail_mask(n, i);
-        store_bf16(y + i, _mm512_mul_ps(silu_bf16(load_bf16(gu + i, m)), load_bf16(gu + n + i, m)), m);
+    for (int64_t i = 0; i < n; i += VL) {
+        const vcount m = vtail(n, i);
+        vstore_bf16_n(y + i, vmul(vsilu_bf16(vload_bf16_n(gu + i, m)), vload_bf16_n(gu + n + i, m)), m);
     }
 }
 
@@ -57,57 +57,68 @@ void rotary_bf16(const uint16_t *x, int64_t row_stride, const uint16_t *cos, con
         for (int64_t h = 0; h < heads; h++) {
             const uint16_t *xr = x + t * row_stride + h * D;
             uint16_t *o = out + (t * heads + h) * D;
-            for (int64_t i = 0; i < D; i += 16) {
-                __mmask16 m = tail_mask(D, i);
+            for (int64_t i = 0; i < D; i += VL) {
+                const vcount m = vtail(D, i);
                 /* roll(x, D/2)[i] = x[(i + D/2) mod D]: the other half, read in two pieces where a vector
-                 * straddles the middle (only when half is not a multiple of 16) */
-                __m512 rolled;
-                if (i + 16 <= half || i >= half) {
-                    rolled = load_bf16(xr + (i < half ? i + half : i - half), m);
+                 * straddles the middle (only when half is not a multiple of VL) */
+                vf rolled;
+                if (i + VL <= half || i >= half) {
+                    rolled = vload_bf16_n(xr + (i < half ? i + half : i - half), m);
                 } else {
-                    float tmp[16];
-                    for (int e = 0; e < 16 && i + e < D; e++) {
-                        int64_t j = (i + e + half) % D;
-                        uint32_t u = (uint32_t)xr[j] << 16;
-                        memcpy(&tmp[e], &u, 4);
-                    }
-                    rolled = _mm512_maskz_loadu_ps(m, tmp);
+                    float tmp[VL];
+                    for (int e = 0; e < VL && i + e < D; e++) tmp[e] = from_bf16(xr[(i + e + half) % D]);
+                    rolled = vload_n(tmp, m);
                 }
-                __m512 a = round_bf16(_mm512_mul_ps(load_bf16(xr + i, m), load_bf16(c + i, m)));
-                __m512 b = round_bf16(_mm512_mul_ps(rolled, load_bf16(s + i, m)));
-                store_bf16(o + i, _mm512_add_ps(a, b), m);
+                const vf a = vround_bf16(vmul(vload_bf16_n(xr + i, m), vload_bf16_n(c + i, m)));
+                const vf b = vround_bf16(vmul(rolled, vload_bf16_n(s + i, m)));
+                vstore_bf16_n(o + i, vadd(a, b), m);
             }
         }
     }
 }
 
 /* First index of a row's largest value, as torch.argmax: a NaN counts as the largest (its first one wins),
- * and among equal values (0.0 and -0.0 too) the first index wins. Widening bf16 is exact and keeps order. */
+ * and among equal values (0.0 and -0.0 too) the first index wins. Widening bf16 is exact and keeps order.
+ * Lane indices are held as floats, exact below 2^24; a longer row is scanned one value at a time. */
+static int64_t argmax_scalar(const uint16_t *x, int64_t n) {
+    int64_t at = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const float v = from_bf16(x[i]);
+        if (v != v) return i;
+        if (v > from_bf16(x[at])) at = i;
+    }
+    return at;
+}
+
 static int64_t argmax_row(const uint16_t *x, int64_t n) {
-    __m512 best = _mm512_set1_ps(-INFINITY);
-    __m512i best_i = _mm512_set1_epi32(-1);
-    __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    __mmask16 nan = 0;
-    for (int64_t i = 0; i < n; i += 16) {
-        __mmask16 m = tail_mask(n, i);
-        __m512 v = load_bf16(x + i, m);
-        nan |= _mm512_mask_cmp_ps_mask(m, v, v, _CMP_UNORD_Q);
+    if (n >= (1 << 24)) return argmax_scalar(x, n);
+    vf best = vset1(-INFINITY), best_i = vset1(-1.0f), idx = viota();
+    const vf none = vset1(-1.0f), step = vset1((float)VL);
+    vbool nan = vnone();
+    for (int64_t i = 0; i < n; i += VL) {
+        const vcount c = vtail(n, i);
+        const vbool in = vfirst(c);
+        const vf v = vload_bf16_n(x + i, c);
+        nan = vor(nan, vand(in, visnan(v)));
         /* strictly greater, or the first -inf of a lane (best_i still -1): each lane keeps its first max */
-        __mmask16 take = _mm512_mask_cmp_ps_mask(m, v, best, _CMP_GT_OQ)
-                       | _mm512_mask_cmpeq_epi32_mask(m, best_i, _mm512_set1_epi32(-1));
-        best = _mm512_mask_mov_ps(best, take, v);
-        best_i = _mm512_mask_mov_epi32(best_i, take, idx);
-        idx = _mm512_add_epi32(idx, _mm512_set1_epi32(16));
+        const vbool take = vand(in, vor(vgt(v, best), veq(best_i, none)));
+        best = vblend(take, best, v);
+        best_i = vblend(take, best_i, idx);
+        idx = vadd(idx, step);
     }
-    if (nan) {
-        for (int64_t i = 0; i < n; i++)
-            if (from_bf16(x[i]) != from_bf16(x[i])) return i;
-    }
-    const float top = _mm512_reduce_max_ps(best);
-    __mmask16 at_top = _mm512_cmp_ps_mask(best, _mm512_set1_ps(top), _CMP_EQ_OQ) &
-                       _mm512_cmpneq_epi32_mask(best_i, _mm512_set1_epi32(-1));
+    if (vany(nan)) return argmax_scalar(x, n);
+    float b[VL], bi[VL];
+    vstore(b, best);
+    vstore(bi, best_i);
     /* lanes hold disjoint indices: the smallest index among the lanes at the top */
-    return (int64_t)_mm512_mask_reduce_min_epi32(at_top, best_i);
+    float top = -INFINITY;
+    int64_t at = -1;
+    for (int j = 0; j < VL; j++)
+        if (bi[j] >= 0.0f && (at < 0 || b[j] > top || (b[j] == top && (int64_t)bi[j] < at))) {
+            top = b[j];
+            at = (int64_t)bi[j];
+        }
+    return at < 0 ? 0 : at;
 }
 
 /* x [rows, n] -> out [rows] int64. */

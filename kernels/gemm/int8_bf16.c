@@ -6,35 +6,29 @@
  *       kernel's bf16 sequence), then quantize_rows: the MLP's middle in one pass, with no bf16 rows
  *       written between the two int8 products
  * Each is the torch reference sequence of int8.py operation for operation, so results match to the bit.
- * Needs AVX-512 BF16 (vcvtneps2bf16); the caller checks the CPU.
+ * Written against the vector layer (../simd.h), built once per ISA; the caller checks the CPU.
  */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 
-#include "../bf16_avx512.h"
+#include "../simd.h"
 
 #define PAR_MIN_ELEMS 65536 /* below this one thread does the rows: a parallel region costs more */
 
 /* The row's scale (amax / 127) into *scale; the multiplier that maps the row onto [-127, 127]. */
-static inline __m512 row_scale(float amax, float *scale) {
+static inline vf row_scale(float amax, float *scale) {
     *scale = amax / 127.0f;
-    return _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-}
-
-/* cvtps_epi32 rounds to nearest even under the default MXCSR, as torch.round does; then saturate. */
-static inline void store_int8(int8_t *q, __m512 v, __m512 inv, __mmask16 m) {
-    _mm_mask_storeu_epi8(q, m, _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v, inv))));
+    return vset1(amax > 0.0f ? 127.0f / amax : 0.0f);
 }
 
 static void quantize_row(const uint16_t *x, int64_t k, int8_t *q, float *scale) {
-    __m512 amax = _mm512_setzero_ps();
-    for (int64_t i = 0; i < k; i += 16)
-        amax = _mm512_max_ps(amax, _mm512_abs_ps(load_bf16(x + i, tail_mask(k, i))));
-    const __m512 inv = row_scale(_mm512_reduce_max_ps(amax), scale);
-    for (int64_t i = 0; i < k; i += 16) {
-        __mmask16 m = tail_mask(k, i);
-        store_int8(q + i, load_bf16(x + i, m), inv, m);
+    vf amax = vzero();
+    for (int64_t i = 0; i < k; i += VL) amax = vmax(amax, vabs(vload_bf16_n(x + i, vtail(k, i))));
+    const vf inv = row_scale(vmaxall(amax), scale);
+    for (int64_t i = 0; i < k; i += VL) {
+        const vcount m = vtail(k, i);
+        vstore_i8_n(q + i, vmul(vload_bf16_n(x + i, m), inv), m);
     }
 }
 
@@ -50,13 +44,12 @@ void quantize_rows_bf16(const uint16_t *x, int8_t *q, float *scale, int64_t rows
 
 static void dequant_row(const int32_t *acc, int64_t n, float sx, const float *sw, const uint16_t *bias,
                         uint16_t *y) {
-    const __m512 s = _mm512_set1_ps(sx);
-    for (int64_t i = 0; i < n; i += 16) {
-        __mmask16 m = tail_mask(n, i);
-        __m512 v = _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(m, acc + i));
-        v = _mm512_mul_ps(_mm512_mul_ps(v, s), _mm512_maskz_loadu_ps(m, sw + i));
-        if (bias) v = _mm512_add_ps(v, load_bf16(bias + i, m));
-        store_bf16(y + i, v, m);
+    const vf s = vset1(sx);
+    for (int64_t i = 0; i < n; i += VL) {
+        const vcount m = vtail(n, i);
+        vf v = vmul(vmul(vload_i32_n(acc + i, m), s), vload_n(sw + i, m));
+        if (bias) v = vadd(v, vload_bf16_n(bias + i, m));
+        vstore_bf16_n(y + i, v, m);
     }
 }
 
@@ -73,22 +66,20 @@ void dequant_rows_bf16(const int32_t *acc, const float *sx, const float *sw, con
 
 static void silu_mul_quantize_row(const int32_t *acc, int64_t n, float sx, const float *sw, float *h, int8_t *q,
                                   float *scale) {
-    const __m512 s = _mm512_set1_ps(sx);
-    __m512 amax = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n; i += 16) {
-        __mmask16 m = tail_mask(n, i);
-        __m512 g = _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(m, acc + i));
-        __m512 u = _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(m, acc + n + i));
-        g = round_bf16(_mm512_mul_ps(_mm512_mul_ps(g, s), _mm512_maskz_loadu_ps(m, sw + i)));
-        u = round_bf16(_mm512_mul_ps(_mm512_mul_ps(u, s), _mm512_maskz_loadu_ps(m, sw + n + i)));
-        __m512 v = round_bf16(_mm512_mul_ps(silu_bf16(g), u));
-        _mm512_mask_storeu_ps(h + i, m, v);
-        amax = _mm512_mask_max_ps(amax, m, amax, _mm512_abs_ps(v));
+    const vf s = vset1(sx);
+    vf amax = vzero();
+    for (int64_t i = 0; i < n; i += VL) {
+        const vcount m = vtail(n, i);
+        const vf g = vround_bf16(vmul(vmul(vload_i32_n(acc + i, m), s), vload_n(sw + i, m)));
+        const vf u = vround_bf16(vmul(vmul(vload_i32_n(acc + n + i, m), s), vload_n(sw + n + i, m)));
+        const vf v = vround_bf16(vmul(vsilu_bf16(g), u));
+        vstore_n(h + i, v, m);
+        amax = vmax(amax, vkeep(vabs(v), m));
     }
-    const __m512 inv = row_scale(_mm512_reduce_max_ps(amax), scale);
-    for (int64_t i = 0; i < n; i += 16) {
-        __mmask16 m = tail_mask(n, i);
-        store_int8(q + i, _mm512_maskz_loadu_ps(m, h + i), inv, m);
+    const vf inv = row_scale(vmaxall(amax), scale);
+    for (int64_t i = 0; i < n; i += VL) {
+        const vcount m = vtail(n, i);
+        vstore_i8_n(q + i, vmul(vload_n(h + i, m), inv), m);
     }
 }
 

@@ -1,8 +1,8 @@
-"""Few-row bf16 products (``x @ w.T`` with x of at most ``MAX_ROWS`` rows) on CPUs with AVX-512 BF16.
+"""Few-row bf16 products (``x @ w.T`` with x of at most ``MAX_ROWS`` rows) on CPUs with AVX2 or AVX-512 BF16.
 
 A decode step multiplies a handful of rows by every weight matrix, so it is bound by reading the weights.
-oneDNN's bf16 path reads them at about 12 GB/s on this project's 2-core machines; ``skinny_bf16.c``
-streams them at about twice that (``bench/gemm_paths.py`` measures the paths side by side). Past about 8
+oneDNN's bf16 path reads them well below the memory's bandwidth; ``skinny_bf16.c`` streams them faster
+(``bench/gemm_paths.py`` measures the paths side by side). Past about 8
 rows the product is bound by arithmetic and oneDNN's blocked GEMM is as fast or faster, so the gate sends
 only skinny products here. Where the weights are prepacked at load (``prepacked``, the default where torch
 has oneDNN), that path is as fast at every size, so this kernel serves plain weights only. fp32 is left to

@@ -1,52 +1,45 @@
 /* y[M, N] = x[M, K] . w[N, K]^T (+ bias[N]) for bf16 x, w, bias and y, accumulated in fp32.
  *
- * For the few-row products of decode steps (M up to about 8) the cost is reading w once from memory;
- * oneDNN's bf16 path reaches about 12 GB/s of weight reads there on 2 cores, this loop about twice that.
+ * For the few-row products of decode steps (M up to about 8) the cost is reading w once from memory, and
+ * oneDNN's bf16 path reads it well below the machine's bandwidth there (bench/gemm_paths.py).
  * Each thread takes a contiguous range of output rows; blocks of BLOCK rows of w are read once and
- * reused, from L1, for every row of x. Needs AVX-512 BF16 (vdpbf16ps); the caller checks the CPU.
+ * reused, from L1, for every row of x. Written against the vector layer (../simd.h), built once per ISA;
+ * the caller checks the CPU.
  * Threads come from the OpenMP runtime torch has already loaded (same soname), so they are torch's.
  */
 #include <omp.h>
 
-#include "../bf16_avx512.h"
+#include "../simd.h"
 
 #define BLOCK 8
 
 static void rows(const uint16_t *x, const uint16_t *w, const uint16_t *bias, uint16_t *y,
                  int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1) {
-    const int64_t full = K / 32 * 32;
-    const __mmask32 tail = (__mmask32)((1ull << (K - full)) - 1);
+    const int64_t full = K / VDOT * VDOT;
+    const int tail = (int)(K - full);
     for (int64_t n = n0; n < n1; n += BLOCK) {
         const int64_t nr = n1 - n < BLOCK ? n1 - n : BLOCK;
         const uint16_t *wn = w + n * K;
         for (int64_t m = 0; m < M; m++) {
             const uint16_t *xm = x + m * K;
-            __m512 acc[BLOCK];
-            for (int r = 0; r < BLOCK; r++) acc[r] = _mm512_setzero_ps();
+            vf acc[BLOCK];
+            for (int r = 0; r < BLOCK; r++) acc[r] = vzero();
             if (nr == BLOCK) {
-                for (int64_t k = 0; k < full; k += 32) {
-                    __m512bh xv = (__m512bh)_mm512_loadu_si512(xm + k);
+                for (int64_t k = 0; k < full; k += VDOT) {
 #pragma GCC unroll 8
                     for (int r = 0; r < BLOCK; r++) {
                         _mm_prefetch((const char *)(wn + (r + 2 * BLOCK) * K + k), _MM_HINT_T0);
-                        acc[r] = _mm512_dpbf16_ps(acc[r], xv, (__m512bh)_mm512_loadu_si512(wn + r * K + k));
+                        acc[r] = vdot_bf16(acc[r], xm + k, wn + r * K + k);
                     }
                 }
             } else {
-                for (int64_t k = 0; k < full; k += 32) {
-                    __m512bh xv = (__m512bh)_mm512_loadu_si512(xm + k);
-                    for (int64_t r = 0; r < nr; r++)
-                        acc[r] = _mm512_dpbf16_ps(acc[r], xv, (__m512bh)_mm512_loadu_si512(wn + r * K + k));
-                }
+                for (int64_t k = 0; k < full; k += VDOT)
+                    for (int64_t r = 0; r < nr; r++) acc[r] = vdot_bf16(acc[r], xm + k, wn + r * K + k);
             }
-            if (tail) {
-                __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(tail, xm + full);
-                for (int64_t r = 0; r < nr; r++)
-                    acc[r] = _mm512_dpbf16_ps(acc[r], xv,
-                                              (__m512bh)_mm512_maskz_loadu_epi16(tail, wn + r * K + full));
-            }
+            if (tail)
+                for (int64_t r = 0; r < nr; r++) acc[r] = vdot_bf16_n(acc[r], xm + full, wn + r * K + full, tail);
             for (int64_t r = 0; r < nr; r++) {
-                float s = _mm512_reduce_add_ps(acc[r]);
+                float s = vsum(acc[r]);
                 if (bias) s += from_bf16(bias[n + r]);
                 y[m * N + n + r] = to_bf16(s);
             }

@@ -20,18 +20,25 @@ def test_the_override_lowers_and_never_raises_the_level():
     assert capability.masked(avx2, "generic").avx_ne_convert is False
 
 
+def test_the_kernels_take_the_best_build_the_features_run():
+    assert capability.kernel_isa(AVX512_BF16) == "avx512_bf16"
+    assert capability.kernel_isa(CpuFeatures("avx512", False, False)) == "avx2"  # AVX-512 without BF16
+    assert capability.kernel_isa(CpuFeatures("avx2", False, True)) == "avx2"
+    assert capability.kernel_isa(CpuFeatures("generic", False, False)) is None
+
+
 @pytest.mark.parametrize("isa", ["avx2", "generic"])
 def test_a_lesser_cpu_takes_no_avx512_path(isa):
     paths = capability.detect(isa)
     assert paths.isa == isa and paths.hardware_isa in capability.ISAS
-    assert not paths.avx512_bf16_kernels and not paths.prepacked_bf16
+    assert paths.kernel_isa == ("avx2" if isa == "avx2" else None) and not paths.prepacked_bf16
     assert paths.int_mm == capability._int_mm_runs()  # independent of the ISA: torch falls back inside
     assert f"{isa} (override" in paths.describe() or paths.hardware_isa == isa
 
 
 def test_kernels_off_switches_every_c_path_and_prepacking_but_not_the_int8_product():
     paths = capability.detect(None, kernels_enabled=False)
-    assert not (paths.avx512_bf16_kernels or paths.prepacked_bf16)
+    assert paths.kernel_isa is None and not paths.prepacked_bf16
     assert paths.int_mm == capability._int_mm_runs()
     assert "ACTORSERVE_CPU_KERNELS=0" in paths.describe()
 
@@ -75,6 +82,7 @@ def test_bf16_and_int8_models_load_and_generate_on_a_lesser_cpu(isa, quantizatio
     """What crashed on AVX2-only CPUs (a bf16 weight handed to oneDNN's reorder): the gates route every
     product to a path that runs, and greedy tokens match the same model on torch's plain operators."""
     from actorserve import LLM, SamplingParams
+    from actorserve.kernels.attention import cpu_decode
     from actorserve.kernels.gemm import prepacked
     from actorserve.runtime.model.layers import Linear
 
@@ -86,7 +94,11 @@ def test_bf16_and_int8_models_load_and_generate_on_a_lesser_cpu(isa, quantizatio
     assert capability.current().isa == isa
     model = llm.engine.executor.model
     assert all(m.packed is None or quantization for m in model.modules() if isinstance(m, Linear))
-    assert llm.engine.executor.fast_decode is None  # it runs on the AVX-512 kernels
+    # the decode fast path runs on the C kernels, which AVX2 has (one build per ISA) and generic lacks,
+    # where the decode kernel takes the model's heads
+    cfg = model.cfg
+    takes = cpu_decode.supports(torch.bfloat16, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+    assert (llm.engine.executor.fast_decode is not None) == (isa == "avx2" and takes)
     out = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     eager = LLM(str(tiny_llama_dir), dtype="bfloat16", quantization=quantization, cpu_isa=isa,
                 skip_tokenizer_init=True, kv_cache_memory=8 << 20, cpu_kernels=False)

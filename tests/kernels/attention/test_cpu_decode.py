@@ -8,7 +8,7 @@ import torch
 from actorserve.kernels.attention import cpu_decode
 
 pytestmark = pytest.mark.skipif(not cpu_decode.available(),
-                                reason="needs a CPU with AVX-512 BF16 and a C compiler")
+                                reason="needs a CPU with AVX2 and a C compiler")
 
 
 def make_case(lens, kvh, g, d, bs, seed=0):

@@ -46,7 +46,7 @@ def group(seqs, token_start, tables):
 ])
 def test_paged_matches_dense(decodes, prefills, dtype, backend_name):
     if backend_name == "cpu_decode" and not cpu_decode.supports(dtype, H, KVH, D):
-        pytest.skip("the C decode kernel takes bf16 only, on a CPU with AVX-512 BF16 and a C compiler")
+        pytest.skip("the C decode kernel takes bf16 only, on a CPU with AVX2 and a C compiler")
     rng = random.Random(0)
     torch.manual_seed(0)
     backend = BACKENDS[backend_name](KVH, NB, BS)

@@ -6,7 +6,7 @@ import torch
 from actorserve.kernels.elementwise import (add_rms_norm, cpu_bf16, rms_norm, rms_norm_ref, rotary, rotary_ref, silu_mul,
                                  silu_mul_ref)
 
-pytestmark = pytest.mark.skipif(not cpu_bf16.available(), reason="needs a CPU with AVX-512 BF16 and a C compiler")
+pytestmark = pytest.mark.skipif(not cpu_bf16.available(), reason="needs a CPU with AVX2 and a C compiler")
 
 SHAPES = [(1, 576), (3, 100), (7, 17), (300, 576), (2048, 64)]  # tails of the 16-lane loops; both thread paths
 

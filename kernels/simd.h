@@ -1,0 +1,322 @@
+/* The vector layer of the C kernels: one API over fp32 lanes, bf16 held as uint16_t, and the conversions
+ * and e^x they need, built for the ISA the compiler targets. Every kernel source is written once against
+ * it; native.py builds each source once per ISA (its flags pick the branch below):
+ *   AVX-512 BF16 (-mavx512f -mavx512bw -mavx512vl -mavx512bf16): 16 lanes, masked tails, vcvtneps2bf16
+ *       and vdpbf16ps;
+ *   AVX2 + FMA + F16C (-mavx2 -mfma -mf16c): 8 lanes, tails through a small buffer, bf16 widened by a
+ *       shift and rounded to nearest even in integer arithmetic (as torch rounds).
+ * A tail is a lane count (``vcount``): the lanes i .. i + n - 1 of a row of n, at most VL of them. Loads
+ * read zeros past it and stores leave memory past it alone.
+ */
+#ifndef ACTORSERVE_SIMD_H
+#define ACTORSERVE_SIMD_H
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef int vcount;
+
+static inline uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN stays a quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static inline float from_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
+/* ------------------------------------------------------------------------------------------------ AVX-512 */
+#define VL 16
+#define SIMD_ISA "avx512_bf16"
+typedef __m512 vf;
+typedef __mmask16 vbool; /* one bit per lane */
+
+static inline __mmask16 lanes(vcount n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1); }
+
+static inline vf vzero(void) { return _mm512_setzero_ps(); }
+static inline vf vset1(float x) { return _mm512_set1_ps(x); }
+static inline vf viota(void) { return _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
+static inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+static inline vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+static inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+static inline vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
+static inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); } /* b where either is NaN, as maxps */
+static inline vf vmin(vf a, vf b) { return _mm512_min_ps(a, b); }
+static inline vf vfmadd(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vf vabs(vf a) { return _mm512_abs_ps(a); }
+static inline float vsum(vf a) { return _mm512_reduce_add_ps(a); }
+static inline float vmaxall(vf a) { return _mm512_reduce_max_ps(a); }
+
+static inline vf vload(const float *p) { return _mm512_loadu_ps(p); }
+static inline void vstore(float *p, vf v) { _mm512_storeu_ps(p, v); }
+static inline vf vload_n(const float *p, vcount n) { return _mm512_maskz_loadu_ps(lanes(n), p); }
+static inline void vstore_n(float *p, vf v, vcount n) { _mm512_mask_storeu_ps(p, lanes(n), v); }
+static inline vf vload_i32_n(const int32_t *p, vcount n) {
+    return _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(lanes(n), p));
+}
+/* v where the lane is below n, else 0 */
+static inline vf vkeep(vf v, vcount n) { return _mm512_maskz_mov_ps(lanes(n), v); }
+
+static inline vf vload_bf16_n(const uint16_t *p, vcount n) {
+    __m256i h = _mm256_maskz_loadu_epi16(lanes(n), p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+static inline vf vload_bf16(const uint16_t *p) { return vload_bf16_n(p, 16); }
+static inline void vstore_bf16_n(uint16_t *p, vf v, vcount n) {
+    _mm256_mask_storeu_epi16(p, lanes(n), (__m256i)_mm512_cvtneps_pbh(v));
+}
+/* To bf16 and back: the value torch would hold after rounding. */
+static inline vf vround_bf16(vf v) {
+    __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* acc + the products of 2 * VL bf16 pairs, summed pairwise into VL lanes (which pair goes to which lane
+ * is the ISA's business: the caller only ever sums the lanes) */
+#define VDOT 32
+static inline vf vdot_bf16(vf acc, const uint16_t *a, const uint16_t *b) {
+    return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(a), (__m512bh)_mm512_loadu_si512(b));
+}
+/* the same over the first n < VDOT pairs */
+static inline vf vdot_bf16_n(vf acc, const uint16_t *a, const uint16_t *b, int n) {
+    const __mmask32 m = (__mmask32)((1ull << n) - 1);
+    return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_maskz_loadu_epi16(m, a), (__m512bh)_mm512_maskz_loadu_epi16(m, b));
+}
+
+/* q[0 .. n) = saturate_int8(round_half_even(v)) under the default MXCSR, as torch.round then clamp */
+static inline void vstore_i8_n(int8_t *q, vf v, vcount n) {
+    _mm_mask_storeu_epi8(q, lanes(n), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v)));
+}
+
+static inline vbool vgt(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ); }
+static inline vbool veq(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ); }
+static inline vbool visnan(vf a) { return _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q); }
+static inline vbool vfirst(vcount n) { return lanes(n); }
+static inline vbool vand(vbool a, vbool b) { return a & b; }
+static inline vbool vor(vbool a, vbool b) { return a | b; }
+static inline vbool vnone(void) { return 0; }
+static inline int vany(vbool a) { return a != 0; }
+static inline vf vblend(vbool take, vf if_not, vf if_taken) { return _mm512_mask_mov_ps(if_not, take, if_taken); }
+
+static inline vf vround_int(vf x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline vf vscale2(vf p, vf k) { return _mm512_scalef_ps(p, k); } /* p * 2^k, k integral */
+
+/* Lane j of the result is the sum of v[j]'s 16 lanes: a transpose-and-add tree, 15 adds for 16 sums
+ * where 16 separate reductions take 64 shuffles and adds. */
+static inline vf vsum_each(const vf v[16]) {
+    __m512 t[8], u[4];
+    for (int i = 0; i < 8; i++)  /* per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] of v[2i], v[2i+1] */
+        t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++) { /* per 128-bit lane: that lane's sums of v[4i .. 4i+3] */
+        __m512d c = _mm512_castps_pd(t[2 * i]), d = _mm512_castps_pd(t[2 * i + 1]);
+        u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(c, d)), _mm512_castpd_ps(_mm512_unpackhi_pd(c, d)));
+    }
+    /* across the four 128-bit lanes */
+    __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xdd));
+    __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88), _mm512_shuffle_f32x4(u[2], u[3], 0xdd));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xdd));
+}
+
+#elif defined(__AVX2__) && defined(__FMA__)
+/* --------------------------------------------------------------------------------------------------- AVX2 */
+#define VL 8
+#define SIMD_ISA "avx2"
+typedef __m256 vf;
+typedef __m256 vbool; /* all ones in a lane that is set */
+
+static inline __m256i lanes(vcount n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+static inline vf vzero(void) { return _mm256_setzero_ps(); }
+static inline vf vset1(float x) { return _mm256_set1_ps(x); }
+static inline vf viota(void) { return _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7); }
+static inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
+static inline vf vsub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+static inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+static inline vf vdiv(vf a, vf b) { return _mm256_div_ps(a, b); }
+static inline vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); } /* b where either is NaN, as maxps */
+static inline vf vmin(vf a, vf b) { return _mm256_min_ps(a, b); }
+static inline vf vfmadd(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vf vabs(vf a) { return _mm256_and_ps(a, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff))); }
+static inline float vsum(vf a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+static inline float vmaxall(vf a) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline vf vload(const float *p) { return _mm256_loadu_ps(p); }
+static inline void vstore(float *p, vf v) { _mm256_storeu_ps(p, v); }
+static inline vf vload_n(const float *p, vcount n) {
+    return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, lanes(n));
+}
+static inline void vstore_n(float *p, vf v, vcount n) {
+    if (n >= 8) _mm256_storeu_ps(p, v);
+    else _mm256_maskstore_ps(p, lanes(n), v);
+}
+static inline vf vload_i32_n(const int32_t *p, vcount n) {
+    __m256i i = n >= 8 ? _mm256_loadu_si256((const __m256i *)p) : _mm256_maskload_epi32((const int *)p, lanes(n));
+    return _mm256_cvtepi32_ps(i);
+}
+static inline vf vkeep(vf v, vcount n) { return n >= 8 ? v : _mm256_and_ps(v, _mm256_castsi256_ps(lanes(n))); }
+
+static inline vf widen8(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
+static inline vf vload_bf16(const uint16_t *p) { return widen8(_mm_loadu_si128((const __m128i *)p)); }
+static inline vf vload_bf16_n(const uint16_t *p, vcount n) {
+    if (n >= 8) return vload_bf16(p);
+    uint16_t tmp[8] = {0};
+    memcpy(tmp, p, (size_t)(n > 0 ? n : 0) * 2);
+    return vload_bf16(tmp);
+}
+/* the bf16 bit patterns (in the low halves of 32-bit lanes) that round v to nearest even, NaN quiet */
+static inline __m256i bf16_bits(vf v) {
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+    const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    return _mm256_blendv_epi8(rounded, quiet, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+}
+static inline void vstore_bf16_n(uint16_t *p, vf v, vcount n) {
+    const __m256i b = bf16_bits(v);
+    const __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+    if (n >= 8) {
+        _mm_storeu_si128((__m128i *)p, h);
+    } else {
+        uint16_t tmp[8];
+        _mm_storeu_si128((__m128i *)tmp, h);
+        memcpy(p, tmp, (size_t)(n > 0 ? n : 0) * 2);
+    }
+}
+static inline vf vround_bf16(vf v) { return _mm256_castsi256_ps(_mm256_slli_epi32(bf16_bits(v), 16)); }
+
+/* acc + the products of 2 * VL bf16 pairs, summed into VL lanes (each bf16 pair widened exactly, then one
+ * fused multiply-add per half; the two operands are interleaved alike, so lanes pair up right) */
+#define VDOT 16
+static inline vf vdot_bf16(vf acc, const uint16_t *a, const uint16_t *b) {
+    const __m256i x = _mm256_loadu_si256((const __m256i *)a), y = _mm256_loadu_si256((const __m256i *)b);
+    const __m256i z = _mm256_setzero_si256();
+    acc = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(z, x)),
+                          _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, y)), acc);
+    return _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(z, x)),
+                           _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, y)), acc);
+}
+static inline vf vdot_bf16_n(vf acc, const uint16_t *a, const uint16_t *b, int n) {
+    uint16_t ta[16] = {0}, tb[16] = {0};
+    memcpy(ta, a, (size_t)n * 2);
+    memcpy(tb, b, (size_t)n * 2);
+    return vdot_bf16(acc, ta, tb);
+}
+
+/* q[0 .. n) = saturate_int8(round_half_even(v)): clamped first (a NaN lane goes to -128, as the
+ * AVX-512 conversion's saturation sends it), then converted under the default MXCSR */
+static inline void vstore_i8_n(int8_t *q, vf v, vcount n) {
+    const __m256i i = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-128.0f)),
+                                                       _mm256_set1_ps(127.0f)));
+    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+    const __m128i b = _mm_packs_epi16(w, w);
+    if (n >= 8) {
+        _mm_storel_epi64((__m128i *)q, b);
+    } else {
+        int8_t tmp[16];
+        _mm_storeu_si128((__m128i *)tmp, b);
+        memcpy(q, tmp, (size_t)(n > 0 ? n : 0));
+    }
+}
+
+static inline vbool vgt(vf a, vf b) { return _mm256_cmp_ps(a, b, _CMP_GT_OQ); }
+static inline vbool veq(vf a, vf b) { return _mm256_cmp_ps(a, b, _CMP_EQ_OQ); }
+static inline vbool visnan(vf a) { return _mm256_cmp_ps(a, a, _CMP_UNORD_Q); }
+static inline vbool vfirst(vcount n) { return _mm256_castsi256_ps(lanes(n)); }
+static inline vbool vand(vbool a, vbool b) { return _mm256_and_ps(a, b); }
+static inline vbool vor(vbool a, vbool b) { return _mm256_or_ps(a, b); }
+static inline vbool vnone(void) { return _mm256_setzero_ps(); }
+static inline int vany(vbool a) { return _mm256_movemask_ps(a) != 0; }
+static inline vf vblend(vbool take, vf if_not, vf if_taken) { return _mm256_blendv_ps(if_not, if_taken, take); }
+
+static inline vf vround_int(vf x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+/* p * 2^k for integral k in [-126, 254]: two exact power-of-two factors, so that a k past 127 overflows to
+ * inf as scalef does instead of wrapping the exponent field */
+static inline vf vscale2(vf p, vf k) {
+    const vf k1 = _mm256_min_ps(k, _mm256_set1_ps(127.0f)), k2 = _mm256_sub_ps(k, k1);
+    const __m256i e1 = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k1), _mm256_set1_epi32(127)), 23);
+    const __m256i e2 = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k2), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e1)), _mm256_castsi256_ps(e2));
+}
+
+/* Lane j of the result is the sum of v[j]'s 8 lanes: two rounds of horizontal adds, then the two halves. */
+static inline vf vsum_each(const vf v[8]) {
+    const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+#else
+#error "the C kernels need AVX-512 BF16 or AVX2 with FMA: native.py passes the flags of one"
+#endif
+
+/* --------------------------------------------------------------------------------------- either ISA */
+static inline vf vload_i32(const int32_t *p) { return vload_i32_n(p, VL); }
+static inline void vstore_bf16(uint16_t *p, vf v) { vstore_bf16_n(p, v, VL); }
+static inline vcount vtail(int64_t n, int64_t i) { return n - i >= VL ? VL : (vcount)(n - i); }
+
+/* e^x in fp32 (Cephes' polynomial, about 1 ulp); overflows to inf as expf does (so silu(-100) is -0),
+ * and flushes below e^-87.3 to that smallest normal value. */
+static inline vf vexp(vf x) {
+    x = vmin(vmax(x, vset1(-87.3f)), vset1(127.0f));
+    const vf k = vround_int(vmul(x, vset1(1.44269504088896341f)));
+    vf r = vfmadd(k, vset1(-0.693359375f), x);
+    r = vfmadd(k, vset1(2.12194440e-4f), r);
+    vf p = vset1(1.9875691500e-4f);
+    p = vfmadd(p, r, vset1(1.3981999507e-3f));
+    p = vfmadd(p, r, vset1(8.3334519073e-3f));
+    p = vfmadd(p, r, vset1(4.1665795894e-2f));
+    p = vfmadd(p, r, vset1(1.6666665459e-1f));
+    p = vfmadd(p, r, vset1(5.0000001201e-1f));
+    p = vfmadd(vmul(p, r), r, vadd(r, vset1(1.0f)));
+    return vscale2(p, k);
+}
+
+/* silu(g) = g / (1 + e^-g) in fp32, rounded to bf16 as torch's bf16 F.silu rounds it. */
+static inline vf vsilu_bf16(vf g) { return vround_bf16(vdiv(g, vadd(vset1(1.0f), vexp(vsub(vzero(), g))))); }
+
+/* One row of RMSNorm, or of residual add + RMSNorm where d is given: h = bf16(x + d) (h may be x itself),
+ * y = bf16(w * bf16(h * rsqrt(mean(h^2) + eps))). Shared so that fused passes elsewhere (the int8
+ * layer seam) compute the elementwise kernel's bits. */
+static inline void norm_row(const uint16_t *x, const uint16_t *d, uint16_t *h, const uint16_t *w, uint16_t *y,
+                            int64_t n, float eps) {
+    vf ss = vzero();
+    for (int64_t i = 0; i < n; i += VL) {
+        const vcount m = vtail(n, i);
+        vf v = vload_bf16_n(x + i, m);
+        if (d) {
+            v = vround_bf16(vadd(v, vload_bf16_n(d + i, m)));
+            vstore_bf16_n(h + i, v, m);
+        }
+        ss = vfmadd(v, v, ss);
+    }
+    const vf r = vset1(1.0f / sqrtf(vsum(ss) / (float)n + eps));
+    const uint16_t *src = d ? h : x;
+    for (int64_t i = 0; i < n; i += VL) {
+        const vcount m = vtail(n, i);
+        const vf v = vround_bf16(vmul(vload_bf16_n(src + i, m), r));
+        vstore_bf16_n(y + i, vmul(v, vload_bf16_n(w + i, m)), m);
+    }
+}
+
+#endif
