@@ -89,8 +89,8 @@ def load(source: Path, flags: list[str]) -> Optional[ctypes.CDLL]:
 # ISO C mode), which rounds once where torch's sequence rounds twice, and the kernels match torch to the bit.
 # The ISA flags pick the branch of kernels/simd.h a source is built against (capability.kernel_isa names it).
 ISA_FLAGS = {
-    "avx512_bf16": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"],
-    "avx2": ["-mavx2", "-mfma"],
+    "avx512_bf16": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mf16c"],
+    "avx2": ["-mavx2", "-mfma", "-mf16c"],
 }
 COMMON_FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp"]
 

@@ -1,7 +1,7 @@
 /* The vector layer of the C kernels: one API over fp32 lanes, bf16 held as uint16_t, and the conversions
  * and e^x they need, built for the ISA the compiler targets. Every kernel source is written once against
  * it; native.py builds each source once per ISA (its flags pick the branch below):
- *   AVX-512 BF16 (-mavx512f -mavx512bw -mavx512vl -mavx512bf16): 16 lanes, masked tails, vcvtneps2bf16
+ *   AVX-512 BF16 (-mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mf16c): 16 lanes, masked tails, vcvtneps2bf16
  *       and vdpbf16ps;
  *   AVX2 + FMA + F16C (-mavx2 -mfma -mf16c): 8 lanes, tails through a small buffer, bf16 widened by a
  *       shift and rounded to nearest even in integer arithmetic (as torch rounds).
@@ -96,6 +96,10 @@ static inline vf vdot_bf16_n(vf acc, const uint16_t *a, const uint16_t *b, int n
 static inline void vstore_i8_n(int8_t *q, vf v, vcount n) {
     _mm_mask_storeu_epi8(q, lanes(n), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v)));
 }
+
+/* 16 bytes to floats, VL at a time: out[0 .. 16 / VL) */
+static inline void vexpand_u8(__m128i b, vf *out) { out[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)); }
+static inline void vexpand_i8(__m128i b, vf *out) { out[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)); }
 
 static inline vbool vgt(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ); }
 static inline vbool veq(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ); }
@@ -237,6 +241,16 @@ static inline void vstore_i8_n(int8_t *q, vf v, vcount n) {
         _mm_storeu_si128((__m128i *)tmp, b);
         memcpy(q, tmp, (size_t)(n > 0 ? n : 0));
     }
+}
+
+/* 16 bytes to floats, VL at a time: out[0 .. 16 / VL) */
+static inline void vexpand_u8(__m128i b, vf *out) {
+    out[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
+    out[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)));
+}
+static inline void vexpand_i8(__m128i b, vf *out) {
+    out[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+    out[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
 }
 
 static inline vbool vgt(vf a, vf b) { return _mm256_cmp_ps(a, b, _CMP_GT_OQ); }

@@ -1,0 +1,161 @@
+"""Weights kept as the GGUF file stores them (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K blocks), for fp32 models
+on the CPU.
+
+Dequantized to fp32 at load, a 4.5-bit weight takes 32 bits: seven times the bytes that every decode step
+reads, and seven times the memory. ``GgufWeight`` holds the file's blocks instead. A product of a few rows
+(a decode step) runs ``gguf_blocks.c``, which decodes each block in registers as it reads it, into
+exactly the fp32 values the reference decoder gives (``runtime.model.gguf_dequant``), so only the order
+of each dot product's sum differs from the dense fp32 product. A product of many rows (a prefill) is
+bound by arithmetic, not by reading the weight: the matrix is decoded a tile of rows at a time, by the
+same kernel, into a small buffer that torch's own GEMM multiplies.
+
+A fused linear (q|k|v, gate|up) is held as its row segments, each with its own block type, as the file
+gives them. Gate: this process's C kernels (``capability.CpuPaths.kernel_isa``) and a C compiler.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch.nn import functional as F
+
+from actorserve.kernels.native import CpuKernelLibrary
+from actorserve.kernels.profiling import call
+
+SOURCE = Path(__file__).with_name("gguf_blocks.c")
+MAX_ROWS = 8  # as in the C source
+# Past this many rows a product decodes the weight a tile at a time for torch's GEMM (arithmetic-bound);
+# up to it, the kernel reads the blocks once per MAX_ROWS rows.
+DECODED_ABOVE_ROWS = 32
+TILE_VALUES = 1 << 18  # one decoded tile: 1 MiB of fp32
+# ggml's type number, the values of one block and its bytes, per type the kernel decodes
+TYPES = {"Q4_0": (2, 32, 18), "Q4_1": (3, 32, 20), "Q8_0": (8, 32, 34),
+         "Q4_K": (12, 256, 144), "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210)}
+
+_library = CpuKernelLibrary(SOURCE, {
+    "gguf_linear_f32": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3
+                        + [ctypes.c_int64] * 3 + [ctypes.c_int]),
+    "gguf_dequantize_f32": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 2
+                            + [ctypes.c_int]),
+})
+
+
+def available() -> bool:
+    return _library.get() is not None
+
+
+def keeps(type_name: str, shape: tuple[int, ...]) -> bool:
+    """Whether a GGUF tensor of this type and (row-major) shape can be held as stored; the gate alone."""
+    return type_name in TYPES and len(shape) == 2 and shape[1] % TYPES[type_name][1] == 0 and available()
+
+
+@dataclass
+class Segment:
+    """Rows [start, start + rows) of the weight: ``blocks`` [rows, K / 32 * block bytes] uint8."""
+
+    type_name: str
+    blocks: torch.Tensor
+    start: int
+    rows: int
+
+
+class GgufWeight:
+    """A weight [out_features, in_features] as GGUF blocks, in row segments that cover it in order."""
+
+    def __init__(self, segments: list[Segment], in_features: int) -> None:
+        at = 0
+        for s in segments:
+            _, values, nbytes = TYPES[s.type_name]
+            if (s.start != at or s.blocks.dtype != torch.uint8 or not s.blocks.is_contiguous()
+                    or in_features % values or tuple(s.blocks.shape) != (s.rows, in_features // values * nbytes)):
+                raise ValueError(f"GgufWeight: segment at row {s.start} does not continue the weight in order")
+            at += s.rows
+        if not segments:
+            raise ValueError("GgufWeight: at least one segment")
+        self.segments, self.in_features, self.out_features = segments, in_features, at
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.blocks.numel() for s in self.segments)
+
+    def dequantize(self) -> torch.Tensor:
+        """The fp32 matrix, the reference decoder's values."""
+        out = torch.empty(self.out_features, self.in_features, dtype=torch.float32)
+        lib = _lib()
+        for s in self.segments:
+            rc = call("actorserve::gguf_dequantize_f32", lib.gguf_dequantize_f32, TYPES[s.type_name][0],
+                      s.blocks.data_ptr(), out[s.start].data_ptr(), s.rows, self.in_features,
+                      torch.get_num_threads())
+            if rc != 0:
+                raise RuntimeError(f"gguf_dequantize_f32 refused {s.type_name} [{s.rows}, {self.in_features}]")
+        return out
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The fp32 rows at ``ids`` (any shape): an embedding lookup that decodes only what it gathers."""
+        flat = ids.reshape(-1)
+        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= self.out_features):
+            raise IndexError(f"row index out of range: the table has {self.out_features} rows")
+        out = torch.empty(flat.numel(), self.in_features, dtype=torch.float32)
+        lib = _lib()
+        for s in self.segments:
+            where = ((flat >= s.start) & (flat < s.start + s.rows)).nonzero().view(-1)
+            if where.numel() == 0:
+                continue
+            gathered = s.blocks.index_select(0, flat[where] - s.start)
+            decoded = out if where.numel() == flat.numel() else torch.empty(where.numel(), self.in_features)
+            call("actorserve::gguf_dequantize_f32", lib.gguf_dequantize_f32, TYPES[s.type_name][0],
+                 gathered.data_ptr(), decoded.data_ptr(), where.numel(), self.in_features, torch.get_num_threads())
+            if decoded is not out:
+                out[where] = decoded
+        return out.view(*ids.shape, self.in_features)
+
+    def apply(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if x.dtype != torch.float32 or x.shape[-1] != self.in_features:
+            raise ValueError(f"GgufWeight: fp32 input of {self.in_features} features, got {x.dtype} "
+                             f"{tuple(x.shape)}")
+        rows = x.reshape(-1, self.in_features).contiguous()
+        if bias is not None:
+            bias = bias.float().contiguous()
+        out = torch.empty(rows.shape[0], self.out_features, dtype=torch.float32)
+        if rows.shape[0] > DECODED_ABOVE_ROWS:
+            self._decoded_product(rows, bias, out)
+        else:
+            for m0 in range(0, rows.shape[0], MAX_ROWS):
+                self._product(rows[m0:m0 + MAX_ROWS], bias, out[m0:m0 + MAX_ROWS])
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def _product(self, rows: torch.Tensor, bias: Optional[torch.Tensor], out: torch.Tensor) -> None:
+        """At most MAX_ROWS rows, straight from the blocks."""
+        lib, threads = _lib(), torch.get_num_threads()
+        for s in self.segments:
+            rc = call("actorserve::gguf_linear_f32", lib.gguf_linear_f32, TYPES[s.type_name][0], rows.data_ptr(),
+                      rows.shape[0], s.blocks.data_ptr(), None if bias is None else bias[s.start].data_ptr(),
+                      out[:, s.start].data_ptr(), self.out_features, s.rows, self.in_features, threads)
+            if rc != 0:
+                raise RuntimeError(f"gguf_linear_f32 refused {s.type_name} [{s.rows}, {self.in_features}]")
+
+    def _decoded_product(self, rows: torch.Tensor, bias: Optional[torch.Tensor], out: torch.Tensor) -> None:
+        """Many rows: bound by arithmetic, so torch's GEMM on the weight decoded a tile of rows at a time (a
+        tile stays in cache, and no whole fp32 copy is ever made)."""
+        lib, threads = _lib(), torch.get_num_threads()
+        step = max(1, TILE_VALUES // self.in_features)
+        tile = torch.empty(min(step, self.out_features), self.in_features, dtype=torch.float32)
+        for s in self.segments:
+            for r0 in range(0, s.rows, step):
+                n = min(step, s.rows - r0)
+                rc = call("actorserve::gguf_dequantize_f32", lib.gguf_dequantize_f32, TYPES[s.type_name][0],
+                          s.blocks[r0].data_ptr(), tile.data_ptr(), n, self.in_features, threads)
+                if rc != 0:
+                    raise RuntimeError(f"gguf_dequantize_f32 refused {s.type_name} [{n}, {self.in_features}]")
+                at = s.start + r0
+                out[:, at:at + n] = F.linear(rows, tile[:n], None if bias is None else bias[at:at + n])
+
+
+def _lib() -> ctypes.CDLL:
+    lib = _library.get()
+    if lib is None:
+        raise RuntimeError("the GGUF block kernels are not available on this machine")
+    return lib

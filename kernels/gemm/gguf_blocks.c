@@ -1,0 +1,173 @@
+/* Products with weights held as the GGUF file stores them: rows of blocks, each with its fp16 scale(s),
+ * dequantized in registers as they are read.
+ *
+ *   Q4_0 (32 values, 18 bytes): d, 16 bytes of nibbles       w = d * (q - 8)
+ *   Q4_1 (32 values, 20 bytes): d, m, 16 bytes of nibbles    w = d * q + m      (one product, then one sum)
+ *   Q8_0 (32 values, 34 bytes): d, 32 int8                   w = q * d
+ *   Q4_K (256 values, 144 bytes): d, dmin, 12 bytes of 6-bit scales and minima for 8 sub-blocks of 32,
+ *       128 bytes of nibbles                                 w = (d * sc) * q - (dmin * m)
+ *   Q5_K (256 values, 176 bytes): as Q4_K, with a fifth bit per value from 32 bytes of high bits
+ *   Q6_K (256 values, 210 bytes): 128 bytes of low nibbles, 64 of 2-bit highs, 16 int8 scales (one per
+ *       16 values), d                                         w = (d * scale) * (q - 32)
+ * In a Q4_0 / Q4_1 block the low nibbles are values 0 .. 15, the high ones 16 .. 31. Each weight is
+ * computed with the reference decoder's operations in its order (runtime/model/gguf_dequant.py, gguf-py's
+ * for the K types: fp16 widened to fp32, no fused multiply-add), so it is the fp32 value the reference
+ * model holds; only the order of a dot product's sum differs from a dense fp32 product. Activations and
+ * outputs are fp32. Written against the vector layer (../simd.h), built once per ISA; the caller checks
+ * the CPU.
+ */
+#include <omp.h>
+
+#include "../simd.h"
+
+enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 }; /* ggml's type numbers */
+#define SUB 32     /* values decoded at a time: a block, or a sub-block of a K block */
+#define MAX_ROWS 8 /* rows of x per pass over the weight: the accumulators live in registers */
+
+static inline int block_values(int type) { return type == Q4_K || type == Q5_K || type == Q6_K ? 256 : 32; }
+
+static inline int block_bytes(int type) {
+    switch (type) {
+    case Q4_0: return 18;
+    case Q4_1: return 20;
+    case Q8_0: return 34;
+    case Q4_K: return 144;
+    case Q5_K: return 176;
+    case Q6_K: return 210;
+    default: return 0;
+    }
+}
+
+static inline float half(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+static inline __m128i nibbles(const uint8_t *p, int high) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)p);
+    return _mm_and_si128(high ? _mm_srli_epi16(b, 4) : b, _mm_set1_epi8(0x0F));
+}
+
+/* The 6-bit scale and minimum of sub-block j of a Q4_K / Q5_K block (gguf-py's get_scale_min). */
+static inline void scale_min(const uint8_t *s, int j, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 0x3F;
+        *m = s[j + 4] & 0x3F;
+    } else {
+        *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 2) & 0x30);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 2) & 0x30);
+    }
+}
+
+/* Values [32 j, 32 j + 32) of the block at blk into w[0 .. 32 / VL). */
+static inline void decode(int type, const uint8_t *blk, int j, vf *w) {
+    if (type == Q8_0 || type == Q4_0 || type == Q4_1) {
+        const vf d = vset1(half(blk));
+        if (type == Q8_0) {
+            vexpand_i8(_mm_loadu_si128((const __m128i *)(blk + 2)), w);
+            vexpand_i8(_mm_loadu_si128((const __m128i *)(blk + 18)), w + 16 / VL);
+            for (int i = 0; i < SUB / VL; i++) w[i] = vmul(w[i], d);
+            return;
+        }
+        const uint8_t *qs = blk + (type == Q4_1 ? 4 : 2);
+        vexpand_u8(nibbles(qs, 0), w);
+        vexpand_u8(nibbles(qs, 1), w + 16 / VL);
+        if (type == Q4_1) {
+            const vf m = vset1(half(blk + 2));
+            for (int i = 0; i < SUB / VL; i++) w[i] = vadd(vmul(d, w[i]), m);
+        } else {
+            const vf eight = vset1(8.0f);
+            for (int i = 0; i < SUB / VL; i++) w[i] = vmul(d, vsub(w[i], eight)); /* q - 8 is exact in fp32 */
+        }
+        return;
+    }
+    if (type == Q4_K || type == Q5_K) {
+        int sc, mn;
+        scale_min(blk + 4, j, &sc, &mn);
+        const vf d = vset1(half(blk) * (float)sc), dm = vset1(half(blk + 2) * (float)mn);
+        const uint8_t *qs = blk + (type == Q4_K ? 16 : 48) + 32 * (j / 2);
+        __m128i lo = nibbles(qs, j & 1), hi = nibbles(qs + 16, j & 1);
+        if (type == Q5_K) { /* bit j of each of the 32 high-bit bytes, as bit 4 */
+            const __m128i one = _mm_set1_epi8(1), count = _mm_cvtsi32_si128(j);
+            const __m128i h0 = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(blk + 16)), count), one);
+            const __m128i h1 = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(blk + 32)), count), one);
+            lo = _mm_or_si128(lo, _mm_slli_epi16(h0, 4));
+            hi = _mm_or_si128(hi, _mm_slli_epi16(h1, 4));
+        }
+        vexpand_u8(lo, w);
+        vexpand_u8(hi, w + 16 / VL);
+        for (int i = 0; i < SUB / VL; i++) w[i] = vsub(vmul(d, w[i]), dm);
+        return;
+    }
+    /* Q6_K: values 128 h + 32 r + i take ql byte 64 h + 32 (r % 2) + i (its high nibble for r >= 2) and
+     * bits 2r, 2r + 1 of qh byte 32 h + i */
+    const int h = j / 4, r = j % 4;
+    const uint8_t *ql = blk + 64 * h + 32 * (r % 2), *qh = blk + 128 + 32 * h;
+    const __m128i three = _mm_set1_epi8(3), count = _mm_cvtsi32_si128(2 * r);
+    const __m128i h0 = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)qh), count), three);
+    const __m128i h1 = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(qh + 16)), count), three);
+    vexpand_u8(_mm_or_si128(nibbles(ql, r >= 2), _mm_slli_epi16(h0, 4)), w);
+    vexpand_u8(_mm_or_si128(nibbles(ql + 16, r >= 2), _mm_slli_epi16(h1, 4)), w + 16 / VL);
+    const int8_t *scales = (const int8_t *)(blk + 192);
+    const float d = half(blk + 208);
+    const vf thirty_two = vset1(32.0f);
+    for (int i = 0; i < SUB / VL; i++) /* q - 32 is exact in fp32; one scale per 16 values */
+        w[i] = vmul(vset1(d * (float)scales[2 * j + (i * VL) / 16]), vsub(w[i], thirty_two));
+}
+
+/* Rows [n0, n1) of y[m, n] = x[m, :] . w[n, :] (+ bias[n]) for up to MAX_ROWS rows of x. */
+static void rows(int type, const float *x, int64_t M, const uint8_t *w, const float *bias, float *y, int64_t ldy,
+                 int64_t K, int64_t n0, int64_t n1) {
+    const int64_t qk = block_values(type), nb = K / qk, bytes = block_bytes(type), row_bytes = nb * bytes;
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *wr = w + n * row_bytes;
+        vf acc[MAX_ROWS];
+        for (int64_t m = 0; m < M; m++) acc[m] = vzero();
+        for (int64_t b = 0; b < nb; b++)
+            for (int j = 0; j < qk / SUB; j++) {
+                vf wv[SUB / VL];
+                decode(type, wr + b * bytes, j, wv);
+                for (int64_t m = 0; m < M; m++) {
+                    const float *xm = x + m * K + b * qk + j * SUB;
+                    for (int i = 0; i < SUB / VL; i++) acc[m] = vfmadd(vload(xm + i * VL), wv[i], acc[m]);
+                }
+            }
+        for (int64_t m = 0; m < M; m++) y[m * ldy + n] = vsum(acc[m]) + (bias ? bias[n] : 0.0f);
+    }
+}
+
+/* y[M, N] (row stride ldy) = x[M, K] . W^T (+ bias), W the N rows of blocks at w; K a multiple of the
+ * type's block and M at most MAX_ROWS. Returns 0, or -1 where the type or the shape is not one this
+ * kernel takes. */
+int gguf_linear_f32(int type, const float *x, int64_t M, const uint8_t *w, const float *bias, float *y, int64_t ldy,
+                    int64_t N, int64_t K, int threads) {
+    if (!block_bytes(type) || K % block_values(type) || M < 1 || M > MAX_ROWS) return -1;
+    if (threads < 1) threads = 1;
+    if (threads == 1 || N < 64) {
+        rows(type, x, M, w, bias, y, ldy, K, 0, N);
+        return 0;
+    }
+    const int64_t per = (N + threads - 1) / threads;
+#pragma omp parallel num_threads(threads)
+    {
+        const int64_t a = omp_get_thread_num() * per, b = a + per < N ? a + per : N;
+        if (a < b) rows(type, x, M, w, bias, y, ldy, K, a, b);
+    }
+    return 0;
+}
+
+/* out[N, K] fp32 = the weights of the N rows of blocks at w: the reference decoder's values. */
+int gguf_dequantize_f32(int type, const uint8_t *w, float *out, int64_t N, int64_t K, int threads) {
+    if (!block_bytes(type) || K % block_values(type)) return -1;
+    const int64_t qk = block_values(type), nb = K / qk, bytes = block_bytes(type);
+#pragma omp parallel for num_threads(N * K >= (1 << 16) && threads > 1 ? threads : 1) schedule(static)
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t b = 0; b < nb; b++)
+            for (int j = 0; j < qk / SUB; j++) {
+                vf wv[SUB / VL];
+                decode(type, w + (n * nb + b) * bytes, j, wv);
+                for (int i = 0; i < SUB / VL; i++) vstore(out + n * K + b * qk + j * SUB + i * VL, wv[i]);
+            }
+    return 0;
+}

@@ -1,0 +1,95 @@
+"""GGUF blocks computed as stored: the kernel's weights are the reference decoder's bits (and gguf-py's),
+and its products are the dense fp32 product's up to the order of each sum."""
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional as F
+
+from actorserve.kernels.gemm import gguf
+from actorserve.kernels.gemm.gguf import GgufWeight, Segment
+from actorserve.runtime.model.gguf_dequant import dequantize, dequantize_ref
+
+pytestmark = pytest.mark.skipif(not gguf.available(), reason="needs a CPU with AVX2 and a C compiler")
+
+
+def blocks(type_name: str, rows: int, k: int, seed: int = 0) -> torch.Tensor:
+    """Random blocks of a type: random quants and sub-block scales, fp16 scales (and minima) of either
+    sign, some of them subnormal."""
+    _, values, nbytes = gguf.TYPES[type_name]
+    g = np.random.default_rng(seed)
+    n = rows * (k // values)
+    raw = g.integers(0, 256, size=(n, nbytes), dtype=np.uint8)
+    scales = (g.standard_normal((n, 2)) * 0.05).astype(np.float16)
+    scales[::7, 0] = np.float16(1e-7)
+    at = {"Q6_K": [208], "Q4_1": [0, 2], "Q4_K": [0, 2], "Q5_K": [0, 2]}.get(type_name, [0])
+    for i, offset in enumerate(at):
+        raw[:, offset:offset + 2] = scales[:, i:i + 1].view(np.uint8)
+    return torch.from_numpy(raw.reshape(rows, -1).copy())
+
+
+def assert_same_up_to_sum_order(out, x, dense, bias=None):
+    """Two fp32 sums of the same k products differ by at most 2 k u times the sum of their magnitudes."""
+    k = x.shape[-1]
+    bound = 2 * k * 2.0 ** -24 * (F.linear(x.abs(), dense.abs()) + (0 if bias is None else bias.abs()))
+    assert ((out - F.linear(x, dense, bias)).abs() <= bound).all()
+
+
+def reference(type_name: str, b: torch.Tensor, rows: int, k: int) -> torch.Tensor:
+    return dequantize(b.numpy().reshape(-1), type_name, (rows, k))
+
+
+@pytest.mark.parametrize("type_name", sorted(gguf.TYPES))
+def test_the_kernel_decodes_the_reference_bits(type_name):
+    k = 96 if gguf.TYPES[type_name][1] == 32 else 512
+    b = blocks(type_name, 37, k)
+    w = GgufWeight([Segment(type_name, b, 0, 37)], k)
+    ref = reference(type_name, b, 37, k)
+    assert torch.equal(w.dequantize(), ref)
+    assert torch.equal(ref, dequantize_ref(b.numpy().reshape(-1), type_name, (37, k)))  # and gguf-py's
+    ids = torch.tensor([[36, 0], [5, 5]])
+    assert torch.equal(w.rows(ids), ref[ids])  # an embedding lookup decodes just those rows
+    with pytest.raises(IndexError, match="37 rows"):
+        w.rows(torch.tensor([37]))
+
+
+@pytest.mark.parametrize("type_name", sorted(gguf.TYPES))
+@pytest.mark.parametrize("m", [1, 3, 8, 9, 40])  # kernel, kernel in passes of 8, decoded tiles
+def test_products_match_the_dense_fp32_product(type_name, m):
+    n, k = 300, 768
+    b = blocks(type_name, n, k, seed=m)
+    w = GgufWeight([Segment(type_name, b, 0, n)], k)
+    dense = reference(type_name, b, n, k)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(99))
+    for bb in (None, bias):
+        assert_same_up_to_sum_order(w.apply(x, bb), x, dense, bb)
+
+
+def test_segments_of_different_types_make_one_fused_weight():
+    k = 64
+    parts = [("Q4_1", 5), ("Q8_0", 3), ("Q4_0", 70)]
+    segments, dense, at = [], [], 0
+    for i, (t, rows) in enumerate(parts):
+        b = blocks(t, rows, k, seed=i)
+        segments.append(Segment(t, b, at, rows))
+        dense.append(reference(t, b, rows, k))
+        at += rows
+    w = GgufWeight(segments, k)
+    dense = torch.cat(dense)
+    assert w.out_features == 78 and torch.equal(w.dequantize(), dense)
+    x = torch.randn(2, 3, k)
+    assert_same_up_to_sum_order(w.apply(x), x, dense)
+    assert w.apply(x).shape == (2, 3, 78)
+
+
+def test_bad_segments_and_inputs_are_refused():
+    b = blocks("Q8_0", 4, 64)
+    with pytest.raises(ValueError, match="in order"):
+        GgufWeight([Segment("Q8_0", b, 1, 4)], 64)
+    with pytest.raises(ValueError, match="in order"):
+        GgufWeight([Segment("Q8_0", b, 0, 4)], 96)
+    w = GgufWeight([Segment("Q8_0", b, 0, 4)], 64)
+    with pytest.raises(ValueError, match="fp32 input of 64"):
+        w.apply(torch.randn(1, 64).bfloat16())
+    with pytest.raises(ValueError, match="fp32 input of 64"):
+        w.apply(torch.randn(1, 32))
