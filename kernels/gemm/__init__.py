@@ -4,7 +4,8 @@ A bf16 CPU weight is normally prepacked at load (oneDNN's blocked layout, ``prep
 every batch size; the skinny kernel serves plain bf16 weights of few-row products where packing is not
 available. Measured side by side at 1 to 4 rows, holding both layouts bought at most about 7% (within
 the machine's noise) for twice the weight memory, so a matrix is held in one layout only. A weight
-quantized at load (``int8``, opt-in) takes the int8 product.
+quantized at load (``int8``, opt-in) takes the int8 product, and a GGUF weight kept as the file's blocks
+(``gguf``: fp32 models) the product that decodes them.
 """
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ import torch
 from torch.nn import functional as F
 
 from actorserve.kernels.gemm import skinny
+from actorserve.kernels.gemm.gguf import GgufWeight
 from actorserve.kernels.gemm.int8 import Int8Weight
 from actorserve.kernels.gemm.prepacked import PackedWeight
 
 # A weight prepared once at load in place of the plain matrix; each kind computes F.linear from its form.
-PreparedWeight = Union[PackedWeight, Int8Weight]
+PreparedWeight = Union[PackedWeight, Int8Weight, GgufWeight]
 
 
 def linear(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor] = None,
@@ -33,4 +35,4 @@ def linear(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch
     return F.linear(x, weight, bias)
 
 
-__all__ = ["Int8Weight", "PackedWeight", "PreparedWeight", "linear"]
+__all__ = ["GgufWeight", "Int8Weight", "PackedWeight", "PreparedWeight", "linear"]

@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from actorserve.kernels.attention import AttentionBackend
-from actorserve.kernels.gemm import linear, prepacked
+from actorserve.kernels.gemm import GgufWeight, PreparedWeight, linear, prepacked
 from actorserve.runtime.model.arch_config import ArchConfig
-from actorserve.runtime.model.layers import GatedMLP, Linear, RMSNorm, RotaryEmbedding, apply_rotary, rope_inv_freq
+from actorserve.runtime.model.layers import Embedding, GatedMLP, Linear, RMSNorm, RotaryEmbedding, apply_rotary, rope_inv_freq
 
 
 class Attention(nn.Module):
@@ -100,7 +100,7 @@ class DecoderBody(nn.Module):
         super().__init__()
         tied_head = stage.last and cfg.tie_word_embeddings
         # _weight: no random init (the loader writes every row; on the meta device normal_ would import dynamo)
-        self.embed_tokens = (nn.Embedding(cfg.vocab_size, cfg.hidden_size,
+        self.embed_tokens = (Embedding(cfg.vocab_size, cfg.hidden_size,
                                           _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
                              if stage.first or tied_head else None)
         # Keyed by the global layer index, so parameter names match the checkpoint on every stage.
@@ -122,7 +122,7 @@ class CausalLM(nn.Module):
         self.model = DecoderBody(cfg, self.stage)
         untied_head = self.stage.last and not cfg.tie_word_embeddings
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False) if untied_head else None
-        self._tied_head: Optional[prepacked.PackedWeight] = None  # set by prepack
+        self._tied_head: Optional[PreparedWeight] = None  # set by prepack or hold_tied_head
         self.rotary: Optional[RotaryEmbedding] = None
 
     @property
@@ -138,18 +138,31 @@ class CausalLM(nn.Module):
                                          ("self_attn.v_proj", q + kv, q + 2 * kv)],
                   "mlp.gate_up_proj": [("mlp.gate_proj", 0, inter), ("mlp.up_proj", inter, 2 * inter)]}
         layout = {}
-        for name, param in self.named_parameters():
+        rows = [(name, p.shape[0]) for name, p in self.named_parameters()]
+        for name, rows in rows + [(name, w.out_features) for name, w in self._held_blocks().items()]:
             fused = next(((f, parts) for f, parts in shards.items() if f".{f}." in name), None)
             if fused is None:
-                layout[name] = (name, 0, param.shape[0])
+                layout[name] = (name, 0, rows)
                 continue
             for part, start, end in fused[1]:
                 layout[name.replace(fused[0], part)] = (name, start, end)
         return layout
 
+    def _held_blocks(self) -> dict[str, GgufWeight]:
+        """Weights held as GGUF blocks (no longer parameters), by the parameter name they replace."""
+        held = {}
+        for name, m in self.named_modules():
+            w = m.blocks if isinstance(m, Embedding) else m.packed if isinstance(m, Linear) else None
+            if isinstance(w, GgufWeight):
+                held[f"{name}.weight"] = w
+        return held
+
     def checkpoint_tensor(self, name: str) -> torch.Tensor:
-        """The view of a parameter that holds the named checkpoint tensor."""
+        """The view of a parameter that holds the named checkpoint tensor (decoded, where it is blocks)."""
         param, start, end = self.checkpoint_layout()[name]
+        held = self._held_blocks()
+        if param in held:
+            return held[param].dequantize()[start:end]
         return dict(self.named_parameters())[param][start:end]
 
     @property
@@ -182,10 +195,15 @@ class CausalLM(nn.Module):
         lm_head gets a packed copy of the embedding table, which stays plain for lookups. Returns how many
         matrices were packed."""
         packed = sum(m.prepack() for m in self.modules() if isinstance(m, Linear))
-        if self.lm_head is None and self.stage.last and prepacked.applies(self.model.embed_tokens.weight):
+        table = self.model.embed_tokens.weight if self.lm_head is None and self.stage.last else None
+        if table is not None and prepacked.applies(table):
             self._tied_head = prepacked.PackedWeight(self.model.embed_tokens.weight.detach())
             packed += 1
         return packed
+
+    def hold_tied_head(self, blocks: Optional[GgufWeight]) -> None:
+        """A tied lm_head's product from the GGUF embedding table's blocks (the table stays for lookups)."""
+        self._tied_head = blocks
 
     def quantize_int8(self) -> int:
         """Hold every linear of the layers as int8 (``kernels.gemm.int8``); the lm_head and the embedding
@@ -193,10 +211,13 @@ class CausalLM(nn.Module):
         return sum(m.quantize_int8() for m in self.model.modules() if isinstance(m, Linear))
 
     def num_parameters(self) -> int:
-        """Weights of this stage, counting prepacked matrices (no longer nn.Parameters) and not the packed
-        copy of a tied lm_head."""
+        """Weights of this stage, counting prepacked, int8 and GGUF-block matrices (no longer nn.Parameters)
+        and not the packed copy of a tied lm_head."""
         packed = sum(m.packed.out_features * m.packed.in_features for m in self.modules()
                      if isinstance(m, Linear) and m.packed is not None)
+        table = self.model.embed_tokens.blocks if self.model.embed_tokens is not None else None
+        if table is not None:
+            packed += table.out_features * table.in_features
         return packed + sum(p.numel() for p in self.parameters())
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

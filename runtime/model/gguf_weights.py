@@ -1,4 +1,5 @@
-"""Read a GGUF file: its architecture config and its tensors, dequantized and renamed to HF names.
+"""Read a GGUF file: its architecture config and its tensors, renamed to HF names, dequantized or (for
+the linears of an fp32 model on the CPU kernels) as the file stores them.
 
 llama.cpp stores Llama q/k projections permuted for its interleaved rotary; they are permuted back so
 the rotate-half rotary of the decoder (and of transformers) applies.
@@ -6,16 +7,18 @@ the rotate-half rotary of the decoder (and of transformers) applies.
 from __future__ import annotations
 
 import re
-from typing import Callable, Iterator
+from dataclasses import dataclass
+from typing import Callable, Iterator, Optional, Union
 
+import numpy as np
 import torch
 
 from actorserve.runtime.errors import ModelLoadError
 from actorserve.runtime.model.arch_config import ArchConfig
 from actorserve.runtime.model.gguf_dequant import dequantize
-from actorserve.runtime.model.gguf_file import GGUFFile
+from actorserve.runtime.model.gguf_file import GGUFFile, TensorInfo
 
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -78,21 +81,57 @@ def _hf_name(name: str) -> str:
     raise ModelLoadError(f"GGUF tensor {name!r} has no place in the model")
 
 
+def hf_name_or_none(name: str) -> Optional[str]:
+    """The HF name of a GGUF tensor, or None where it has no place (``iter_tensors`` raises for those)."""
+    try:
+        return _hf_name(name)
+    except ModelLoadError:
+        return None
+
+
 def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     dim = w.shape[0] // n_head // 2
     return w.reshape(n_head, dim, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
+@dataclass
+class StoredBlocks:
+    """A GGUF matrix as the file stores it: ``blocks`` [rows, row bytes] uint8 of ``type_name``, the
+    matrix being ``shape`` (rows, columns) once decoded."""
+
+    type_name: str
+    blocks: torch.Tensor
+    shape: tuple[int, int]
+
+
+def stored_blocks(reader: GGUFFile, t: TensorInfo) -> StoredBlocks:
+    """The tensor's blocks, copied out of the mapping (which may then close)."""
+    shape = tuple(int(d) for d in reversed(t.shape))
+    blocks = torch.from_numpy(np.array(reader.tensor_data(t), dtype=np.uint8).reshape(shape[0], -1))
+    return StoredBlocks(t.type_name, blocks, shape)
+
+
 def iter_tensors(reader: GGUFFile, cfg: ArchConfig, wanted: Callable[[str], bool] = lambda name: True,
-                 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """HF-named fp32 tensors; ``wanted`` filters by name before anything is dequantized."""
+                 keep: Callable[[str, str, tuple[int, ...]], bool] = lambda name, type_name, shape: False,
+                 ) -> Iterator[tuple[str, Union[torch.Tensor, StoredBlocks]]]:
+    """HF-named fp32 tensors; ``wanted`` filters by name before anything is dequantized. A tensor that
+    ``keep(name, type, shape)`` accepts comes as its ``StoredBlocks`` instead, not decoded."""
     for t in reader.tensors:
         name = _hf_name(t.name)
         if not wanted(name):
             continue
         if t.type_name not in SUPPORTED_TYPES:
             raise ModelLoadError(f"GGUF tensor {t.name} has type {t.type_name}; supported: {', '.join(SUPPORTED_TYPES)}")
-        tensor = dequantize(reader.tensor_data(t), t.type_name, tuple(int(d) for d in reversed(t.shape)))
+        shape = tuple(int(d) for d in reversed(t.shape))
+        if keep(name, t.type_name, shape):
+            stored = stored_blocks(reader, t)
+            if cfg.arch == "llama" and name.endswith("q_proj.weight"):  # rows are whole blocks: permute them
+                stored.blocks = _unpermute(stored.blocks, cfg.num_heads).contiguous()
+            elif cfg.arch == "llama" and name.endswith("k_proj.weight"):
+                stored.blocks = _unpermute(stored.blocks, cfg.num_kv_heads).contiguous()
+            yield name, stored
+            continue
+        tensor = dequantize(reader.tensor_data(t), t.type_name, shape)
         if cfg.arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
             tensor = _unpermute(tensor, cfg.num_heads)
         elif cfg.arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):

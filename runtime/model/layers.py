@@ -9,11 +9,13 @@ from torch import nn
 
 from actorserve.kernels.elementwise import add_rms_norm, rms_norm, rotary, silu_mul
 from actorserve.kernels.gemm import Int8Weight, PreparedWeight, int8, linear, prepacked
+from actorserve.kernels.gemm.gguf import GgufWeight, Segment
 
 
 class Linear(nn.Linear):
     """nn.Linear whose product goes through ``kernels.gemm.linear``. After ``prepack`` a bf16 CPU weight
-    is held in oneDNN's blocked layout only, after ``quantize_int8`` as int8 only (``weight`` is None)."""
+    is held in oneDNN's blocked layout only, after ``quantize_int8`` as int8 only, after ``hold_blocks``
+    as GGUF blocks only (``weight`` is None)."""
 
     packed: Optional[PreparedWeight] = None
 
@@ -25,6 +27,14 @@ class Linear(nn.Linear):
         self.weight = None
         return True
 
+    def hold_blocks(self, segments: list[Segment]) -> None:
+        """Hold the weight as the GGUF file's blocks (``kernels.gemm.gguf``), in place of the fp32 matrix;
+        at load, where every row of the weight came as blocks."""
+        self.packed = GgufWeight(segments, self.in_features)
+        if self.packed.out_features != self.out_features:
+            raise ValueError(f"{self.packed.out_features} rows of blocks for a weight of {self.out_features}")
+        self.weight = None
+
     def prepack(self) -> bool:
         """Pack the weight where that path takes it; once, after loading."""
         if self.weight is None or not prepacked.applies(self.weight):
@@ -35,6 +45,23 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias, self.packed)
+
+
+class Embedding(nn.Embedding):
+    """nn.Embedding that may hold its table as GGUF blocks (``hold_blocks``): a lookup then decodes just
+    the rows it gathers, the values the fp32 table would hold, and a tied lm_head multiplies by the same
+    blocks."""
+
+    blocks: Optional[GgufWeight] = None
+
+    def hold_blocks(self, segments: list[Segment]) -> None:
+        self.blocks = GgufWeight(segments, self.embedding_dim)
+        if self.blocks.out_features != self.num_embeddings:
+            raise ValueError(f"{self.blocks.out_features} rows of blocks for a table of {self.num_embeddings}")
+        self.weight = None
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return super().forward(input_ids) if self.blocks is None else self.blocks.rows(input_ids)
 
 
 class RMSNorm(nn.Module):

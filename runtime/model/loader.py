@@ -8,15 +8,19 @@ from __future__ import annotations
 import importlib.util
 import os
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Union
 
 import torch
 
+from actorserve.kernels.gemm import gguf
+from actorserve.kernels.gemm.gguf import Segment
 from actorserve.runtime.config import QUANTIZATIONS
 from actorserve.runtime.errors import ModelLoadError
 from actorserve.runtime.model import gguf_weights, hf_weights
 from actorserve.runtime.model.arch_config import ArchConfig
 from actorserve.runtime.model.decoder import CausalLM, Stage
+from actorserve.runtime.model.gguf_weights import StoredBlocks
+from actorserve.runtime.model.layers import Embedding, Linear
 from actorserve.runtime.model.tokenizer import load_tokenizer
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -72,13 +76,21 @@ def load_model(model: Optional[str], dtype: str = "float32", max_positions: Opti
     stage = Stage.of(cfg.num_layers, pp_rank, pp_size)
     with torch.device("meta"):
         net = CausalLM(cfg, positions, stage)
-    net = net.to_empty(device=device).to(torch.float32 if quantization else _DTYPES[dtype])
+    layout = net.checkpoint_layout()
     wanted = lambda name: name == gguf_weights.ROPE_FREQS or stage.owns(name, cfg.tie_word_embeddings)  # noqa: E731
+    as_stored = reader is not None and keeps_gguf_blocks(dtype, device, quantization)
+    held = _held_linears(net, layout, reader, wanted) if as_stored else set()
+    for param in held:  # never allocated as fp32: the blocks are the weight
+        net.get_submodule(param.rsplit(".", 1)[0]).weight = None
+    net = net.to_empty(device=device).to(torch.float32 if quantization else _DTYPES[dtype])
     if reader is not None:
-        tensors = gguf_weights.iter_tensors(reader, cfg, wanted)
+        keep = lambda name, type_name, shape: name in layout and layout[name][0] in held  # noqa: E731
+        tensors = gguf_weights.iter_tensors(reader, cfg, wanted, keep)
     else:
         tensors = hf_weights.iter_tensors(path, wanted)
-    freq_factors = load_weights(net, tensors)
+    freq_factors = load_weights(net, tensors, layout)
+    if net.lm_head is None and stage.last and net.model.embed_tokens.blocks is not None:
+        net.hold_tied_head(net.model.embed_tokens.blocks)  # the lookups' blocks, one copy for both
     if quantization == "int8":
         net.quantize_int8()
         net = net.to(_DTYPES[dtype])
@@ -89,12 +101,16 @@ def load_model(model: Optional[str], dtype: str = "float32", max_positions: Opti
     return LoadedModel(net, cfg, tok, path)
 
 
-def load_weights(net: CausalLM, tensors: Iterable[tuple[str, torch.Tensor]]) -> Optional[torch.Tensor]:
+def load_weights(net: CausalLM, tensors: Iterable[tuple[str, Union[torch.Tensor, StoredBlocks]]],
+                 layout: Optional[dict[str, tuple[str, int, int]]] = None) -> Optional[torch.Tensor]:
     """Copy named checkpoint tensors into the model (fused parameters by row range); returns GGUF rope
-    frequency factors if the file had them. Each checkpoint tensor the model needs must come exactly once."""
+    frequency factors if the file had them. Each checkpoint tensor the model needs must come exactly once.
+    The ``StoredBlocks`` of a linear or of the embedding table become row segments of its ``GgufWeight``
+    (``hold_blocks``); its weight was left unallocated (``layout``, taken before, still names it)."""
     params = dict(net.named_parameters())
-    layout = net.checkpoint_layout()
+    layout = layout or net.checkpoint_layout()
     written: set[str] = set()
+    stored: dict[str, list[Segment]] = {}
     freq_factors = None
     for name, tensor in tensors:
         if name == gguf_weights.ROPE_FREQS:
@@ -105,15 +121,52 @@ def load_weights(net: CausalLM, tensors: Iterable[tuple[str, torch.Tensor]]) -> 
         if name not in layout:
             raise ModelLoadError(f"checkpoint tensor {name!r} has no matching model parameter")
         param, start, end = layout[name]
-        target = params[param][start:end]
-        if tuple(target.shape) != tuple(tensor.shape):
-            raise ModelLoadError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(target.shape)}")
-        with torch.no_grad():
-            target.copy_(tensor)
+        if isinstance(tensor, StoredBlocks):
+            expected = (end - start, _columns(net.get_submodule(param.rsplit(".", 1)[0])))
+            if tuple(tensor.shape) != expected:
+                raise ModelLoadError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {expected}")
+            stored.setdefault(param, []).append(Segment(tensor.type_name, tensor.blocks, start, end - start))
+        else:
+            target = params[param][start:end]
+            if tuple(target.shape) != tuple(tensor.shape):
+                raise ModelLoadError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(target.shape)}")
+            with torch.no_grad():
+                target.copy_(tensor)
         written.add(name)
     missing = sorted(set(layout) - written)
     if missing:
         raise ModelLoadError(f"the checkpoint did not provide {len(missing)} parameters: {', '.join(missing[:8])}")
+    for param, segments in stored.items():
+        net.get_submodule(param.rsplit(".", 1)[0]).hold_blocks(sorted(segments, key=lambda s: s.start))
     return freq_factors
+
+
+def keeps_gguf_blocks(dtype: str, device: str, quantization: Optional[str]) -> bool:
+    """Whether a GGUF model's linears and embedding table stay as the file stores them: fp32 on the CPU
+    with the kernels that decode them (``kernels.gemm.gguf``), and no other quantization asked for."""
+    return dtype == "float32" and device == "cpu" and quantization is None and gguf.available()
+
+
+def _columns(module: torch.nn.Module) -> int:
+    return module.embedding_dim if isinstance(module, Embedding) else module.in_features
+
+
+def _held_linears(net: CausalLM, layout: dict[str, tuple[str, int, int]], reader, wanted) -> set[str]:
+    """The weights (parameter names) of Linears and of the embedding table that every one of their
+    checkpoint tensors can fill as stored blocks; a fused weight with one part of another type is
+    decoded whole."""
+    linear_weights = {f"{n}.weight" for n, m in net.named_modules() if isinstance(m, (Linear, Embedding))}
+    parts: dict[str, list[bool]] = {}
+    for t in reader.tensors:
+        name = gguf_weights.hf_name_or_none(t.name)
+        if name is None or not wanted(name) or name not in layout or layout[name][0] not in linear_weights:
+            continue
+        parts.setdefault(layout[name][0], []).append(gguf.keeps(t.type_name, tuple(int(d) for d in reversed(t.shape))))
+    expected = {}
+    for param, _, _ in layout.values():
+        expected[param] = expected.get(param, 0) + 1
+    return {p for p, ok in parts.items() if all(ok) and len(ok) == expected[p]}
+
+
 
 
