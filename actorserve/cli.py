@@ -7,6 +7,7 @@ import sys
 from typing import Optional, Sequence
 
 from actorserve.runtime.errors import ActorServeError
+from actorserve.runtime.model.quantization import METHODS
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
@@ -14,8 +15,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", default=None,
                    help="a tokenizer directory or file (default: the model's own), for every process")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--quantization", "-q", default=None, choices=["int8"],
-                   help="int8: the layers' weights as int8, activations quantized per row (W8A8, approximate)")
+    p.add_argument("--quantization", "-q", default=None, choices=list(METHODS),
+                   help="; ".join(f"{m.name}: {m.summary}" for m in METHODS.values()))
     p.add_argument("--enforce-eager", action="store_true",
                    help="run every step through the model's modules (no decode fast path), as vLLM's flag")
     p.add_argument("--max-model-len", type=int, default=None)

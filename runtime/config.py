@@ -12,10 +12,11 @@ from typing import Any, Optional
 
 from actorserve.kernels.capability import ISAS, CpuPaths, detect
 from actorserve.runtime.engine.sampling_params import MAX_N
+from actorserve.runtime.model.quantization import NAMES as QUANT_METHOD_NAMES
 
 BLOCK_SIZE = 16
 _DTYPES = ("float32", "bfloat16", "float16")
-QUANTIZATIONS = (None, "int8")  # int8: W8A8 with per-row dynamic activation scales (kernels.gemm.int8)
+QUANTIZATIONS = (None, *QUANT_METHOD_NAMES)  # the methods of runtime.model.quantization
 # With no budget given, the KV cache takes this fraction of the memory available at start-up, capped,
 # since the pool is zeroed up front (garbage in unused slots could be NaN, which masking does not hide).
 _DEFAULT_KV_FRACTION = 0.1

@@ -6,8 +6,8 @@ reads, and seven times the memory. ``GgufWeight`` holds the file's blocks instea
 (a decode step) runs ``gguf_blocks.c``, which decodes each block in registers as it reads it, into
 exactly the fp32 values the reference decoder gives (``runtime.model.gguf_dequant``), so only the order
 of each dot product's sum differs from the dense fp32 product. A product of many rows (a prefill) is
-bound by arithmetic, not by reading the weight: the matrix is decoded a tile of rows at a time, by the
-same kernel, into a small buffer that torch's own GEMM multiplies.
+bound by arithmetic, not by reading the weight: the matrix is decoded, by the same kernel, into a
+reused buffer (a tile of rows at a time where it is larger) that torch's own GEMM multiplies.
 
 A fused linear (q|k|v, gate|up) is held as its row segments, each with its own block type, as the file
 gives them. Gate: this process's C kernels (``capability.CpuPaths.kernel_isa``) and a C compiler.
@@ -15,6 +15,7 @@ gives them. Gate: this process's C kernels (``capability.CpuPaths.kernel_isa``) 
 from __future__ import annotations
 
 import ctypes
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -30,7 +31,7 @@ MAX_ROWS = 8  # as in the C source
 # Past this many rows a product decodes the weight a tile at a time for torch's GEMM (arithmetic-bound);
 # up to it, the kernel reads the blocks once per MAX_ROWS rows.
 DECODED_ABOVE_ROWS = 32
-TILE_VALUES = 1 << 18  # one decoded tile: 1 MiB of fp32
+TILE_VALUES = 1 << 20  # the decode buffer: 4 MiB of fp32, so that a decoded tile is read back from cache
 # ggml's type number, the values of one block and its bytes, per type the kernel decodes
 TYPES = {"Q4_0": (2, 32, 18), "Q4_1": (3, 32, 20), "Q8_0": (8, 32, 34),
          "Q4_K": (12, 256, 144), "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210)}
@@ -138,20 +139,44 @@ class GgufWeight:
                 raise RuntimeError(f"gguf_linear_f32 refused {s.type_name} [{s.rows}, {self.in_features}]")
 
     def _decoded_product(self, rows: torch.Tensor, bias: Optional[torch.Tensor], out: torch.Tensor) -> None:
-        """Many rows: bound by arithmetic, so torch's GEMM on the weight decoded a tile of rows at a time (a
-        tile stays in cache, and no whole fp32 copy is ever made)."""
-        lib, threads = _lib(), torch.get_num_threads()
-        step = max(1, TILE_VALUES // self.in_features)
-        tile = torch.empty(min(step, self.out_features), self.in_features, dtype=torch.float32)
-        for s in self.segments:
-            for r0 in range(0, s.rows, step):
-                n = min(step, s.rows - r0)
-                rc = call("actorserve::gguf_dequantize_f32", lib.gguf_dequantize_f32, TYPES[s.type_name][0],
-                          s.blocks[r0].data_ptr(), tile.data_ptr(), n, self.in_features, threads)
-                if rc != 0:
-                    raise RuntimeError(f"gguf_dequantize_f32 refused {s.type_name} [{n}, {self.in_features}]")
-                at = s.start + r0
-                out[:, at:at + n] = F.linear(rows, tile[:n], None if bias is None else bias[at:at + n])
+        """Many rows: bound by arithmetic, so torch's GEMM on the weight decoded into this thread's scratch
+        buffer, the whole matrix in one call where it fits (most do), else a tile of rows at a time; no
+        fp32 copy of a weight outlives its product."""
+        lib, threads, k = _lib(), torch.get_num_threads(), self.in_features
+        step = max(1, TILE_VALUES // k)
+        scratch = _scratch.get(min(step, self.out_features) * k).view(-1, k)
+        pieces = [(s, r0, min(step, s.rows - r0)) for s in self.segments for r0 in range(0, s.rows, step)]
+        if self.out_features <= step:  # one tile: every segment decoded side by side, one product
+            for s, r0, n in pieces:
+                self._decode(lib, s, r0, n, scratch[s.start + r0], threads)
+            out.copy_(F.linear(rows, scratch, bias))
+            return
+        for s, r0, n in pieces:
+            self._decode(lib, s, r0, n, scratch[0], threads)
+            at = s.start + r0
+            out[:, at:at + n] = F.linear(rows, scratch[:n], None if bias is None else bias[at:at + n])
+
+    def _decode(self, lib, s: Segment, r0: int, n: int, into: torch.Tensor, threads: int) -> None:
+        rc = call("actorserve::gguf_dequantize_f32", lib.gguf_dequantize_f32, TYPES[s.type_name][0],
+                  s.blocks[r0].data_ptr(), into.data_ptr(), n, self.in_features, threads)
+        if rc != 0:
+            raise RuntimeError(f"gguf_dequantize_f32 refused {s.type_name} [{n}, {self.in_features}]")
+
+
+class _Scratch(threading.local):
+    """Each thread's decode buffer, grown to at most TILE_VALUES floats and reused: allocating it fresh
+    for every product costs a page fault per 4 KiB written."""
+
+    def __init__(self) -> None:
+        self.buffer: Optional[torch.Tensor] = None
+
+    def get(self, values: int) -> torch.Tensor:
+        if self.buffer is None or self.buffer.numel() < values:
+            self.buffer = torch.empty(values, dtype=torch.float32)
+        return self.buffer[:values]
+
+
+_scratch = _Scratch()
 
 
 def _lib() -> ctypes.CDLL:

@@ -12,11 +12,10 @@ from typing import Any, Iterable, Optional, Union
 
 import torch
 
-from actorserve.kernels.gemm import gguf
 from actorserve.kernels.gemm.gguf import Segment
-from actorserve.runtime.config import QUANTIZATIONS
 from actorserve.runtime.errors import ModelLoadError
 from actorserve.runtime.model import gguf_weights, hf_weights
+from actorserve.runtime.model import quantization as quantization_methods
 from actorserve.runtime.model.arch_config import ArchConfig
 from actorserve.runtime.model.decoder import CausalLM, Stage
 from actorserve.runtime.model.gguf_weights import StoredBlocks
@@ -66,23 +65,24 @@ def read_arch_config(path: str):
 def load_model(model: Optional[str], dtype: str = "float32", max_positions: Optional[int] = None,
                device: str = "cpu", tokenizer: Optional[str] = None, skip_tokenizer: bool = False,
                pp_rank: int = 0, pp_size: int = 1, quantization: Optional[str] = None) -> LoadedModel:
-    """The model, or one pipeline stage of it (only that stage's tensors are read). With
-    ``quantization="int8"`` the layers' linears are quantized from the fp32 weights, not from ``dtype``'s."""
-    if quantization not in QUANTIZATIONS:
-        raise ModelLoadError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
+    """The model, or one pipeline stage of it (only that stage's tensors are read), its weights loaded and
+    prepared by the quantization method of this load (``runtime.model.quantization``)."""
     path = resolve_model_path(model)
     reader, cfg = read_arch_config(path)
+    try:
+        method = quantization_methods.select(quantization, dtype, device, reader is not None)
+    except ValueError as e:
+        raise ModelLoadError(str(e)) from None
     positions = max_positions or cfg.max_position_embeddings
     stage = Stage.of(cfg.num_layers, pp_rank, pp_size)
     with torch.device("meta"):
         net = CausalLM(cfg, positions, stage)
     layout = net.checkpoint_layout()
     wanted = lambda name: name == gguf_weights.ROPE_FREQS or stage.owns(name, cfg.tie_word_embeddings)  # noqa: E731
-    as_stored = reader is not None and keeps_gguf_blocks(dtype, device, quantization)
-    held = _held_linears(net, layout, reader, wanted) if as_stored else set()
-    for param in held:  # never allocated as fp32: the blocks are the weight
+    held = _held_weights(net, layout, reader, wanted, method) if reader is not None else set()
+    for param in held:  # never allocated dense: the blocks are the weight
         net.get_submodule(param.rsplit(".", 1)[0]).weight = None
-    net = net.to_empty(device=device).to(torch.float32 if quantization else _DTYPES[dtype])
+    net = net.to_empty(device=device).to(_DTYPES[method.load_dtype(dtype)])
     if reader is not None:
         keep = lambda name, type_name, shape: name in layout and layout[name][0] in held  # noqa: E731
         tensors = gguf_weights.iter_tensors(reader, cfg, wanted, keep)
@@ -91,9 +91,7 @@ def load_model(model: Optional[str], dtype: str = "float32", max_positions: Opti
     freq_factors = load_weights(net, tensors, layout)
     if net.lm_head is None and stage.last and net.model.embed_tokens.blocks is not None:
         net.hold_tied_head(net.model.embed_tokens.blocks)  # the lookups' blocks, one copy for both
-    if quantization == "int8":
-        net.quantize_int8()
-        net = net.to(_DTYPES[dtype])
+    method.prepare(net, _DTYPES[dtype])
     net.init_buffers(freq_factors)
     net.eval().requires_grad_(False)
     net.prepack()
@@ -141,27 +139,22 @@ def load_weights(net: CausalLM, tensors: Iterable[tuple[str, Union[torch.Tensor,
     return freq_factors
 
 
-def keeps_gguf_blocks(dtype: str, device: str, quantization: Optional[str]) -> bool:
-    """Whether a GGUF model's linears and embedding table stay as the file stores them: fp32 on the CPU
-    with the kernels that decode them (``kernels.gemm.gguf``), and no other quantization asked for."""
-    return dtype == "float32" and device == "cpu" and quantization is None and gguf.available()
-
-
 def _columns(module: torch.nn.Module) -> int:
     return module.embedding_dim if isinstance(module, Embedding) else module.in_features
 
 
-def _held_linears(net: CausalLM, layout: dict[str, tuple[str, int, int]], reader, wanted) -> set[str]:
+def _held_weights(net: CausalLM, layout: dict[str, tuple[str, int, int]], reader, wanted,
+                  method: quantization_methods.QuantMethod) -> set[str]:
     """The weights (parameter names) of Linears and of the embedding table that every one of their
-    checkpoint tensors can fill as stored blocks; a fused weight with one part of another type is
-    decoded whole."""
+    checkpoint tensors can fill as stored blocks (``method.keeps``); a fused weight with one part of
+    another type is decoded whole."""
     linear_weights = {f"{n}.weight" for n, m in net.named_modules() if isinstance(m, (Linear, Embedding))}
     parts: dict[str, list[bool]] = {}
     for t in reader.tensors:
         name = gguf_weights.hf_name_or_none(t.name)
         if name is None or not wanted(name) or name not in layout or layout[name][0] not in linear_weights:
             continue
-        parts.setdefault(layout[name][0], []).append(gguf.keeps(t.type_name, tuple(int(d) for d in reversed(t.shape))))
+        parts.setdefault(layout[name][0], []).append(method.keeps(t.type_name, tuple(int(d) for d in reversed(t.shape))))
     expected = {}
     for param, _, _ in layout.values():
         expected[param] = expected.get(param, 0) + 1
