@@ -13,7 +13,6 @@ does; the lm_head (49152 x 576) is timed on its own. Each figure is the best of 
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 import torch
@@ -21,19 +20,9 @@ from torch.nn import functional as F
 
 from actorserve.kernels.gemm import gguf
 from actorserve.kernels.gemm.gguf import GgufWeight, Segment
+from gemm_paths import SHAPES, _time  # the same shapes and timing as the bf16 paths (run from bench/)
 
-SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)]  # (in, out): qkv, o, gate_up, down
 HEAD = (576, 49152)
-
-
-def _time(fn, repeat: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def _blocks(type_name: str, n: int, k: int, rng) -> GgufWeight:
