@@ -64,9 +64,10 @@ class Segment:
 
 
 class GgufWeight:
-    """A weight [out_features, in_features] as GGUF blocks, in row segments that cover it in order."""
+    """A weight [out_features, in_features] as GGUF blocks, in row segments that cover it in order (all
+    ``out_features`` rows of it, where that is given)."""
 
-    def __init__(self, segments: list[Segment], in_features: int) -> None:
+    def __init__(self, segments: list[Segment], in_features: int, out_features: Optional[int] = None) -> None:
         at = 0
         for s in segments:
             _, values, nbytes = TYPES[s.type_name]
@@ -76,6 +77,8 @@ class GgufWeight:
             at += s.rows
         if not segments:
             raise ValueError("GgufWeight: at least one segment")
+        if out_features is not None and at != out_features:
+            raise ValueError(f"GgufWeight: {at} rows of blocks for a weight of {out_features}")
         self.segments, self.in_features, self.out_features = segments, in_features, at
 
     @property
@@ -85,13 +88,8 @@ class GgufWeight:
     def dequantize(self) -> torch.Tensor:
         """The fp32 matrix, the reference decoder's values."""
         out = torch.empty(self.out_features, self.in_features, dtype=torch.float32)
-        lib = _lib()
         for s in self.segments:
-            rc = call("actorserve::gguf_dequantize_f32", lib.gguf_dequantize_f32, TYPES[s.type_name][0],
-                      s.blocks.data_ptr(), out[s.start].data_ptr(), s.rows, self.in_features,
-                      torch.get_num_threads())
-            if rc != 0:
-                raise RuntimeError(f"gguf_dequantize_f32 refused {s.type_name} [{s.rows}, {self.in_features}]")
+            self._decode(s.type_name, s.blocks, out[s.start:s.start + s.rows])
         return out
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
@@ -100,15 +98,12 @@ class GgufWeight:
         if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= self.out_features):
             raise IndexError(f"row index out of range: the table has {self.out_features} rows")
         out = torch.empty(flat.numel(), self.in_features, dtype=torch.float32)
-        lib = _lib()
         for s in self.segments:
             where = ((flat >= s.start) & (flat < s.start + s.rows)).nonzero().view(-1)
             if where.numel() == 0:
                 continue
-            gathered = s.blocks.index_select(0, flat[where] - s.start)
             decoded = out if where.numel() == flat.numel() else torch.empty(where.numel(), self.in_features)
-            call("actorserve::gguf_dequantize_f32", lib.gguf_dequantize_f32, TYPES[s.type_name][0],
-                 gathered.data_ptr(), decoded.data_ptr(), where.numel(), self.in_features, torch.get_num_threads())
+            self._decode(s.type_name, s.blocks.index_select(0, flat[where] - s.start), decoded)
             if decoded is not out:
                 out[where] = decoded
         return out.view(*ids.shape, self.in_features)
@@ -142,25 +137,27 @@ class GgufWeight:
         """Many rows: bound by arithmetic, so torch's GEMM on the weight decoded into this thread's scratch
         buffer, the whole matrix in one call where it fits (most do), else a tile of rows at a time; no
         fp32 copy of a weight outlives its product."""
-        lib, threads, k = _lib(), torch.get_num_threads(), self.in_features
+        k = self.in_features
         step = max(1, TILE_VALUES // k)
         scratch = _scratch.get(min(step, self.out_features) * k).view(-1, k)
         pieces = [(s, r0, min(step, s.rows - r0)) for s in self.segments for r0 in range(0, s.rows, step)]
         if self.out_features <= step:  # one tile: every segment decoded side by side, one product
             for s, r0, n in pieces:
-                self._decode(lib, s, r0, n, scratch[s.start + r0], threads)
+                self._decode(s.type_name, s.blocks[r0:r0 + n], scratch[s.start + r0:s.start + r0 + n])
             out.copy_(F.linear(rows, scratch, bias))
             return
         for s, r0, n in pieces:
-            self._decode(lib, s, r0, n, scratch[0], threads)
+            self._decode(s.type_name, s.blocks[r0:r0 + n], scratch[:n])
             at = s.start + r0
             out[:, at:at + n] = F.linear(rows, scratch[:n], None if bias is None else bias[at:at + n])
 
-    def _decode(self, lib, s: Segment, r0: int, n: int, into: torch.Tensor, threads: int) -> None:
-        rc = call("actorserve::gguf_dequantize_f32", lib.gguf_dequantize_f32, TYPES[s.type_name][0],
-                  s.blocks[r0].data_ptr(), into.data_ptr(), n, self.in_features, threads)
+    def _decode(self, type_name: str, blocks: torch.Tensor, into: torch.Tensor) -> None:
+        """Rows of blocks (contiguous) into as many contiguous fp32 rows."""
+        n = blocks.shape[0]
+        rc = call("actorserve::gguf_dequantize_f32", _lib().gguf_dequantize_f32, TYPES[type_name][0],
+                  blocks.data_ptr(), into.data_ptr(), n, self.in_features, torch.get_num_threads())
         if rc != 0:
-            raise RuntimeError(f"gguf_dequantize_f32 refused {s.type_name} [{n}, {self.in_features}]")
+            raise RuntimeError(f"gguf_dequantize_f32 refused {type_name} [{n}, {self.in_features}]")
 
 
 class _Scratch(threading.local):

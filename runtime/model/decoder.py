@@ -138,8 +138,8 @@ class CausalLM(nn.Module):
                                          ("self_attn.v_proj", q + kv, q + 2 * kv)],
                   "mlp.gate_up_proj": [("mlp.gate_proj", 0, inter), ("mlp.up_proj", inter, 2 * inter)]}
         layout = {}
-        rows = [(name, p.shape[0]) for name, p in self.named_parameters()]
-        for name, rows in rows + [(name, w.out_features) for name, w in self._held_blocks().items()]:
+        sizes = [(name, p.shape[0]) for name, p in self.named_parameters()]
+        for name, rows in sizes + [(name, w.out_features) for name, w in self._held_blocks().items()]:
             fused = next(((f, parts) for f, parts in shards.items() if f".{f}." in name), None)
             if fused is None:
                 layout[name] = (name, 0, rows)
@@ -197,7 +197,7 @@ class CausalLM(nn.Module):
         packed = sum(m.prepack() for m in self.modules() if isinstance(m, Linear))
         table = self.model.embed_tokens.weight if self.lm_head is None and self.stage.last else None
         if table is not None and prepacked.applies(table):
-            self._tied_head = prepacked.PackedWeight(self.model.embed_tokens.weight.detach())
+            self._tied_head = prepacked.PackedWeight(table.detach())
             packed += 1
         return packed
 

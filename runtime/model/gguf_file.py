@@ -31,6 +31,11 @@ class TensorInfo:
     type_name: str  # a gguf.GGMLQuantizationType name: F32, Q4_1, ...
     offset: int  # bytes from the start of the file
 
+    @property
+    def dims(self) -> tuple[int, ...]:
+        """The shape row-major (slowest first), as torch holds the tensor."""
+        return tuple(int(d) for d in reversed(self.shape))
+
 
 class _Cursor:
     def __init__(self, buf) -> None:
@@ -116,7 +121,7 @@ class GGUFFile:
 
         kind = gguf.GGMLQuantizationType[t.type_name]
         n = int(np.prod(t.shape)) if t.shape else 1
-        dims = tuple(reversed(t.shape))
+        dims = t.dims
         if t.type_name in _PLAIN:
             dtype = _PLAIN[t.type_name]
             nbytes, out_shape = n * np.dtype(dtype).itemsize, dims

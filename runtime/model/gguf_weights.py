@@ -106,9 +106,8 @@ class StoredBlocks:
 
 def stored_blocks(reader: GGUFFile, t: TensorInfo) -> StoredBlocks:
     """The tensor's blocks, copied out of the mapping (which may then close)."""
-    shape = tuple(int(d) for d in reversed(t.shape))
-    blocks = torch.from_numpy(np.array(reader.tensor_data(t), dtype=np.uint8).reshape(shape[0], -1))
-    return StoredBlocks(t.type_name, blocks, shape)
+    blocks = torch.from_numpy(np.array(reader.tensor_data(t), dtype=np.uint8).reshape(t.dims[0], -1))
+    return StoredBlocks(t.type_name, blocks, t.dims)
 
 
 def iter_tensors(reader: GGUFFile, cfg: ArchConfig, wanted: Callable[[str], bool] = lambda name: True,
@@ -122,21 +121,21 @@ def iter_tensors(reader: GGUFFile, cfg: ArchConfig, wanted: Callable[[str], bool
             continue
         if t.type_name not in SUPPORTED_TYPES:
             raise ModelLoadError(f"GGUF tensor {t.name} has type {t.type_name}; supported: {', '.join(SUPPORTED_TYPES)}")
-        shape = tuple(int(d) for d in reversed(t.shape))
-        if keep(name, t.type_name, shape):
+        if keep(name, t.type_name, t.dims):
             stored = stored_blocks(reader, t)
-            if cfg.arch == "llama" and name.endswith("q_proj.weight"):  # rows are whole blocks: permute them
-                stored.blocks = _unpermute(stored.blocks, cfg.num_heads).contiguous()
-            elif cfg.arch == "llama" and name.endswith("k_proj.weight"):
-                stored.blocks = _unpermute(stored.blocks, cfg.num_kv_heads).contiguous()
+            stored.blocks = _llama_rows(name, cfg, stored.blocks).contiguous()  # rows are whole blocks
             yield name, stored
-            continue
-        tensor = dequantize(reader.tensor_data(t), t.type_name, shape)
-        if cfg.arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
-            tensor = _unpermute(tensor, cfg.num_heads)
-        elif cfg.arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
-            tensor = _unpermute(tensor, cfg.num_kv_heads)
-        yield name, tensor
+        else:
+            yield name, _llama_rows(name, cfg, dequantize(reader.tensor_data(t), t.type_name, t.dims))
+
+
+def _llama_rows(name: str, cfg: ArchConfig, rows: torch.Tensor) -> torch.Tensor:
+    """A Llama q/k projection's rows (decoded, or as blocks) back in rotate-half order; others as they are."""
+    if cfg.arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
+        return _unpermute(rows, cfg.num_heads)
+    if cfg.arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
+        return _unpermute(rows, cfg.num_kv_heads)
+    return rows
 
 
 def open_gguf(path: str) -> tuple[GGUFFile, ArchConfig]:

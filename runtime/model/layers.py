@@ -30,9 +30,7 @@ class Linear(nn.Linear):
     def hold_blocks(self, segments: list[Segment]) -> None:
         """Hold the weight as the GGUF file's blocks (``kernels.gemm.gguf``), in place of the fp32 matrix;
         at load, where every row of the weight came as blocks."""
-        self.packed = GgufWeight(segments, self.in_features)
-        if self.packed.out_features != self.out_features:
-            raise ValueError(f"{self.packed.out_features} rows of blocks for a weight of {self.out_features}")
+        self.packed = GgufWeight(segments, self.in_features, self.out_features)
         self.weight = None
 
     def prepack(self) -> bool:
@@ -55,9 +53,7 @@ class Embedding(nn.Embedding):
     blocks: Optional[GgufWeight] = None
 
     def hold_blocks(self, segments: list[Segment]) -> None:
-        self.blocks = GgufWeight(segments, self.embedding_dim)
-        if self.blocks.out_features != self.num_embeddings:
-            raise ValueError(f"{self.blocks.out_features} rows of blocks for a table of {self.num_embeddings}")
+        self.blocks = GgufWeight(segments, self.embedding_dim, self.num_embeddings)
         self.weight = None
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

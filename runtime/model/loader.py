@@ -154,7 +154,7 @@ def _held_weights(net: CausalLM, layout: dict[str, tuple[str, int, int]], reader
         name = gguf_weights.hf_name_or_none(t.name)
         if name is None or not wanted(name) or name not in layout or layout[name][0] not in linear_weights:
             continue
-        parts.setdefault(layout[name][0], []).append(method.keeps(t.type_name, tuple(int(d) for d in reversed(t.shape))))
+        parts.setdefault(layout[name][0], []).append(method.keeps(t.type_name, t.dims))
     expected = {}
     for param, _, _ in layout.values():
         expected[param] = expected.get(param, 0) + 1

@@ -26,7 +26,7 @@ def test_decoded_as_gguf_py_decodes(kind, shape):
 def test_every_tensor_of_the_default_model():
     reader = GGUFFile(resolve_model_path(None))
     for t in reader.tensors:
-        shape = tuple(int(d) for d in reversed(t.shape))
+        shape = t.dims
         data = reader.tensor_data(t)
         assert torch.equal(dequantize(data, t.type_name, shape).view(torch.int32),
                            dequantize_ref(data, t.type_name, shape).view(torch.int32)), t.name
