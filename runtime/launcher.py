@@ -54,6 +54,7 @@ class MultiprocessEngine:
         self.size = config.parallel.pipeline_parallel_size
         self.directory = tempfile.mkdtemp(prefix="actorserve-")
         self.addresses = Addresses.ipc(self.directory, config.runtime.client_address)
+        self.addresses.hold_folder()
         self.supervisor = Supervisor(self.directory, config.runtime.hang_timeout, config.runtime.heartbeat_interval)
         self.control = _Control(ctx, self.addresses)
         self.info: dict = {}
@@ -67,6 +68,7 @@ class MultiprocessEngine:
         except BaseException:
             self.supervisor.kill_all()
             raise
+        self.addresses.release_folder()  # every socket is bound: from now on the last child out removes it
         self.supervisor.watch(on_death)
 
     def pids(self) -> dict[str, int]:
