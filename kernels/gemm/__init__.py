@@ -18,6 +18,7 @@ from actorserve.kernels.gemm import skinny
 from actorserve.kernels.gemm.gguf import GgufWeight
 from actorserve.kernels.gemm.int8 import Int8Weight
 from actorserve.kernels.gemm.prepacked import PackedWeight
+from actorserve.kernels.gemm.rows_product import RowsProduct
 
 # A weight prepared once at load in place of the plain matrix; each kind computes F.linear from its form.
 PreparedWeight = Union[PackedWeight, Int8Weight, GgufWeight]
@@ -35,4 +36,4 @@ def linear(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch
     return F.linear(x, weight, bias)
 
 
-__all__ = ["GgufWeight", "Int8Weight", "PackedWeight", "PreparedWeight", "linear"]
+__all__ = ["GgufWeight", "Int8Weight", "PackedWeight", "PreparedWeight", "RowsProduct", "linear"]

@@ -24,6 +24,7 @@ from typing import Optional
 import torch
 
 from actorserve.kernels import capability
+from actorserve.kernels.gemm.rows_product import INT8, RowsProduct
 from actorserve.kernels.native import CpuKernelLibrary
 from actorserve.kernels.profiling import call
 
@@ -202,6 +203,15 @@ class Int8Weight:
         """``apply`` of rows already quantized, the result in ``dtype``."""
         acc, sx = self.product_quantized(q, sx)
         return dequant_rows(acc, sx, self.scale, bias, dtype)
+
+    def rows_product(self, bias: Optional[torch.Tensor]) -> Optional[RowsProduct]:
+        """The product on rows the pass before it quantized, its integers left for the pass after it: where
+        ``torch._int_mm`` and the row passes run, and a bias (if any) is bf16 as those passes take it."""
+        if not (int_mm_available() and kernels_available()) or (bias is not None and bias.dtype != torch.bfloat16):
+            return None
+        q_t = self.q_t
+        return RowsProduct(INT8, lambda q, acc: torch._int_mm(q, q_t, out=acc), self.out_features, self.scale,
+                           None if bias is None else bias.contiguous())
 
     def _rows(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:

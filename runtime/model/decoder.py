@@ -47,6 +47,11 @@ class Attention(nn.Module):
         out = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
         return self.o_proj(out.reshape(t, -1))
 
+    def decode_plan(self, planner, x):
+        """``forward`` in the decode plan (``runtime.model.decode_fast_path``)."""
+        qkv = planner.product(self.qkv_proj, x, "qkv")
+        return planner.product(self.o_proj, planner.attend(self, qkv), "o")
+
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ArchConfig) -> None:
@@ -67,6 +72,14 @@ class DecoderLayer(nn.Module):
         residual, normed = self.post_attention_layernorm.add_forward(
             residual, self.self_attn(normed, rope, kv_cache, meta, backend))
         return self.mlp(normed), residual
+
+    def decode_plan(self, planner, delta):
+        """``forward`` in the decode plan: ``delta`` is the previous layer's MLP output (None at a stage's
+        first layer); returns this layer's."""
+        normed = self.input_layernorm.decode_plan(planner, delta, planner.takes(self.self_attn.qkv_proj), "normed")
+        o = self.self_attn.decode_plan(planner, normed)
+        normed = self.post_attention_layernorm.decode_plan(planner, o, planner.takes(self.mlp.gate_up_proj), "normed")
+        return self.mlp.decode_plan(planner, normed)
 
 
 @dataclass(frozen=True)
@@ -189,6 +202,17 @@ class CausalLM(nn.Module):
         if self.stage.last:
             return self.model.norm.add_forward(residual, x)[1]
         return residual + x
+
+    def decode_plan(self, planner) -> None:
+        """``forward`` in the decode plan (``runtime.model.decode_fast_path``), for a stage with layers."""
+        planner.embedding(self.model.embed_tokens if self.stage.first else None)
+        delta = None
+        for layer in self.model.layers.values():
+            delta = layer.decode_plan(planner, delta)
+        if self.stage.last:
+            planner.final_norm(self.model.norm, delta)
+        else:
+            planner.residual_out(delta)
 
     def prepack(self) -> int:
         """Put every linear's weight in the prepacked layout where that path takes it (bf16 on CPU); a tied

@@ -10,6 +10,7 @@ from torch import nn
 from actorserve.kernels.elementwise import add_rms_norm, rms_norm, rotary, silu_mul
 from actorserve.kernels.gemm import Int8Weight, PreparedWeight, int8, linear, prepacked
 from actorserve.kernels.gemm.gguf import GgufWeight, Segment
+from actorserve.kernels.gemm.rows_product import BF16, RowsProduct
 
 
 class Linear(nn.Linear):
@@ -44,6 +45,13 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias, self.packed)
 
+    def rows_product(self) -> RowsProduct:
+        """This linear's product in the decode plan: its weight kind's own where that gives one, else this
+        module's ``forward`` on bf16 rows."""
+        bind = getattr(self.packed, "rows_product", None)
+        product = bind(self.bias) if bind is not None else None
+        return product if product is not None else RowsProduct(BF16, self.forward, self.out_features)
+
 
 class Embedding(nn.Embedding):
     """nn.Embedding that may hold its table as GGUF blocks (``hold_blocks``): a lookup then decodes just
@@ -73,6 +81,11 @@ class RMSNorm(nn.Module):
         """The residual x + delta, and its normalisation, in one pass where the fused kernel runs."""
         return add_rms_norm(x, delta, self.weight, self.eps)
 
+    def decode_plan(self, planner, delta, form: str, name: str):
+        """``add_forward`` of the residual stream and ``delta`` (``forward`` of the stream where delta is
+        None), its result in the form the next product takes."""
+        return planner.add_rms_norm(self, delta, form, name)
+
 
 class GatedMLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int) -> None:
@@ -89,6 +102,13 @@ class GatedMLP(nn.Module):
             q, s = int8.silu_mul_quantize(acc, sx, gate_up.scale, x.dtype)
             return down.apply_quantized(q, s, x.dtype).view(*x.shape[:-1], down.out_features)
         return self.down_proj(silu_mul(self.gate_up_proj(x)))
+
+    def decode_plan(self, planner, x):
+        """``forward`` in the decode plan; with int8 on both sides the activation runs on the int32
+        product and hands down_proj int8 rows, as here."""
+        gate_up = planner.product(self.gate_up_proj, x, "gate_up")
+        act = planner.silu_mul(gate_up, planner.takes(self.down_proj), "act")
+        return planner.product(self.down_proj, act, "down")
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: Optional[dict[str, Any]],

@@ -5,6 +5,7 @@ import torch
 
 from actorserve.kernels.attention import cpu_decode
 from actorserve.kernels.elementwise import cpu_bf16
+from actorserve.kernels.gemm import int8
 from actorserve.runtime.engine.batch import ScheduledChunk, SchedulerOutput
 from actorserve.runtime.model import loader
 from actorserve.runtime.model.decode_fast_path import DecodeFastPath
@@ -65,15 +66,48 @@ def _compare(runner, prompt_lens=(3, 17, 40), decode_steps=4, hidden_in_of=None)
     ("qwen3", dict(head_dim=32)),  # q/k norms
 ])
 def test_fast_path_is_the_module_path(tmp_path, kind, overrides):
-    _compare(_runner(_model_dir(tmp_path, kind, **overrides)))
+    runner = _runner(_model_dir(tmp_path, kind, **overrides))
+    assert runner.fast_decode.kernels["product_bf16"] == 4 * SHAPE["num_hidden_layers"]
+    assert not any(name in runner.fast_decode.kernels for name in ("product_int8", "quantize_rows_bf16"))
+    _compare(runner)
 
 
 @pytest.mark.parametrize("kind,overrides", [("llama", dict(tie_word_embeddings=True)), ("qwen2", dict()),
                                             ("qwen3", dict(head_dim=32))])
 def test_fast_path_is_the_module_path_with_int8_weights(tmp_path, kind, overrides):
-    """All four products int8: the seams between them run as single passes (``_int8_layers``)."""
+    """All four products int8: each product's integers go through one pass to the next product's int8 rows
+    (dequantize, residual add + RMSNorm, quantize), so no norm writes bf16 rows but the last."""
     runner = _runner(_model_dir(tmp_path, kind, **overrides), quantization="int8")
-    assert runner.fast_decode.int8_layers is not None
+    if not int8.int_mm_available():
+        pytest.skip("the int8 products run in int32 through torch here: the plan multiplies through the modules")
+    layers, k = SHAPE["num_hidden_layers"], runner.fast_decode.kernels
+    assert k["product_int8"] == 4 * layers and k["product_bf16"] == 0
+    assert k["dequant_add_norm_quantize_rows"] == 2 * layers - 1 and k["silu_mul_quantize_rows"] == layers
+    assert k["add_rms_norm_bf16"] == 1 and k["rms_norm_bf16"] == 1  # the final norm, the first
+    _compare(runner)
+
+
+def _plain(linear):
+    """A linear of an int8 model made plain bf16 again, with the values its int8 weight stands for."""
+    w = linear.packed
+    linear.weight = torch.nn.Parameter((w.q_t.t().float() * w.scale[:, None]).bfloat16(), requires_grad=False)
+    linear.packed = None
+
+
+@pytest.mark.parametrize("plain", [("o_proj", "down_proj"), ("qkv_proj", "gate_up_proj")])
+def test_fast_path_is_the_module_path_with_mixed_weights(tmp_path, plain):
+    """Int8 and bf16 products side by side: each value passes to the next product in the form it takes
+    (dequantized, or quantized), as the module path passes it."""
+    if not int8.int_mm_available():
+        pytest.skip("needs torch._int_mm")
+    runner = _runner(_model_dir(tmp_path, "qwen2"), quantization="int8")
+    for layer in runner.model.model.layers.values():
+        for name in plain:
+            _plain(getattr(layer.self_attn if name in ("qkv_proj", "o_proj") else layer.mlp, name))
+    runner.fast_decode = DecodeFastPath.build(runner.model, runner.backend)
+    k, layers = runner.fast_decode.kernels, SHAPE["num_hidden_layers"]
+    assert k["product_int8"] == 2 * layers and k["product_bf16"] == 2 * layers
+    assert k["quantize_rows_bf16"] == 2 * layers and k["dequant_add_norm_quantize_rows"] == 0
     _compare(runner)
 
 

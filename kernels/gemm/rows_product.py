@@ -1,0 +1,26 @@
+"""How a weight multiplies the rows of a decode step, bound once at load: each weight kind says it for
+itself (``rows_product``), and the decode fast path (``runtime.model.decode_fast_path``) chains them. A new
+weight kind that gives one joins that path without touching it; one that gives none is multiplied there
+through its module (``Linear.forward``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+BF16 = "bf16"  # run(rows [T, K] bf16) -> rows [T, N] bf16
+INT8 = "int8"  # run(q [T, K] int8, acc [T, N] int32) writes the integer product into acc
+
+
+@dataclass(frozen=True)
+class RowsProduct:
+    """``takes`` is the form of the rows ``run`` multiplies. An int8 product leaves its integers for the
+    pass after it to scale, with the rows' scales, ``scale`` (one per output channel) and ``bias``, so that
+    pass can fuse the scaling with what comes next."""
+
+    takes: str
+    run: Callable[..., Optional[torch.Tensor]]
+    out_features: int
+    scale: Optional[torch.Tensor] = None
+    bias: Optional[torch.Tensor] = None
