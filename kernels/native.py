@@ -99,13 +99,24 @@ def flags_for(isa: str) -> list[str]:
     return COMMON_FLAGS + ISA_FLAGS[isa]
 
 
+# The element types a source written against kernels/simd.h's ``elem`` is built for, by torch dtype name:
+# the define that picks it, and the suffix of the exported names (simd.h's ELEM).
+ELEMENTS = {"bfloat16": ([], "_bf16"), "float32": (["-DACTORSERVE_ELEM_F32"], "_f32")}
+
+
 class CpuKernelLibrary:
     """One C source, built for this process's ISA (``capability.current().kernel_isa``) and loaded at most
     once per process, with its functions' ctypes signatures declared; None where the gate says no (a CPU,
-    or an ISA override, below AVX2, or ``ACTORSERVE_CPU_KERNELS=0``), or the build fails."""
+    or an ISA override, below AVX2, or ``ACTORSERVE_CPU_KERNELS=0``), or the build fails.
 
-    def __init__(self, source: Path, signatures: dict[str, tuple[Any, list[Any]]]) -> None:
+    A source written for an element type (``element``, a key of ``ELEMENTS``) is built for that one, and
+    its functions, exported as ``name_bf16`` or ``name_f32``, are also reachable by the plain ``name``
+    that ``signatures`` gives: a caller holds the library of its dtype and never spells the suffix."""
+
+    def __init__(self, source: Path, signatures: dict[str, tuple[Any, list[Any]]],
+                 element: Optional[str] = None) -> None:
         self.source, self.signatures = source, signatures
+        self.defines, self.suffix = ELEMENTS[element] if element is not None else ([], "")
         self._lib: Optional[ctypes.CDLL] = None
         self._paths: Optional[capability.CpuPaths] = None  # the gates this answer was decided under
 
@@ -117,9 +128,10 @@ class CpuKernelLibrary:
         return self._lib
 
     def _load(self, isa: str) -> Optional[ctypes.CDLL]:
-        lib = load(self.source, flags_for(isa))
+        lib = load(self.source, flags_for(isa) + self.defines)
         if lib is not None:
             for name, (restype, argtypes) in self.signatures.items():
-                fn = getattr(lib, name)
+                fn = getattr(lib, name + self.suffix)
                 fn.restype, fn.argtypes = restype, argtypes
+                setattr(lib, name, fn)
         return lib

@@ -99,6 +99,14 @@ static inline void vstore_i8_n(int8_t *q, vf v, vcount n) {
 
 /* 16 bytes to floats, VL at a time: out[0 .. 16 / VL) */
 static inline void vexpand_u8(__m128i b, vf *out) { out[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)); }
+/* table[q] for the 16 nibbles q of the bytes p[0 .. 16), their low ones (their high ones where high): one
+ * permute a lane, where widening, converting and scaling take three (only this ISA has a 16-entry
+ * permute of its own; VLUT16 says so). The permute reads an index's low 4 bits, so no mask is needed. */
+#define VLUT16 1
+static inline vf vlut16_nibbles(const uint8_t *p, int high, vf table) {
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm512_permutexvar_ps(high ? _mm512_srli_epi32(b, 4) : b, table);
+}
 static inline void vexpand_i8(__m128i b, vf *out) { out[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)); }
 
 static inline vbool vgt(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ); }
@@ -306,30 +314,59 @@ static inline vf vexp(vf x) {
     return vscale2(p, k);
 }
 
-/* silu(g) = g / (1 + e^-g) in fp32, rounded to bf16 as torch's bf16 F.silu rounds it. */
-static inline vf vsilu_bf16(vf g) { return vround_bf16(vdiv(g, vadd(vset1(1.0f), vexp(vsub(vzero(), g))))); }
+/* ---------------------------------------------------------------------------------- the element type
+ * What the row and attention kernels store: bf16 (the default) or fp32 (built with -DACTORSERVE_ELEM_F32,
+ * native.py's ``element`` parameter). Arithmetic is fp32 either way; ``vround_e`` rounds where a bf16
+ * torch sequence rounds an intermediate, and is nothing in fp32. ``ELEM(name)`` is a kernel's exported
+ * name for this element type (name_bf16, name_f32). */
+#ifdef ACTORSERVE_ELEM_F32
+typedef float elem;
+#define ELEM(name) name##_f32
+static inline vf vload_e_n(const elem *p, vcount n) { return vload_n(p, n); }
+static inline vf vload_e(const elem *p) { return vload(p); }
+static inline void vstore_e_n(elem *p, vf v, vcount n) { vstore_n(p, v, n); }
+static inline vf vround_e(vf v) { return v; }
+static inline float from_e(elem x) { return x; }
+static inline elem to_e(float f) { return f; }
+/* acc + the products of VDOT_E pairs, summed into VL lanes */
+#define VDOT_E VL
+static inline vf vdot_e(vf acc, const elem *a, const elem *b) { return vfmadd(vload(a), vload(b), acc); }
+#else
+typedef uint16_t elem;
+#define ELEM(name) name##_bf16
+static inline vf vload_e_n(const elem *p, vcount n) { return vload_bf16_n(p, n); }
+static inline vf vload_e(const elem *p) { return vload_bf16(p); }
+static inline void vstore_e_n(elem *p, vf v, vcount n) { vstore_bf16_n(p, v, n); }
+static inline vf vround_e(vf v) { return vround_bf16(v); }
+static inline float from_e(elem x) { return from_bf16(x); }
+static inline elem to_e(float f) { return to_bf16(f); }
+#define VDOT_E VDOT
+static inline vf vdot_e(vf acc, const elem *a, const elem *b) { return vdot_bf16(acc, a, b); }
+#endif
 
-/* One row of RMSNorm, or of residual add + RMSNorm where d is given: h = bf16(x + d) (h may be x itself),
- * y = bf16(w * bf16(h * rsqrt(mean(h^2) + eps))). Shared so that fused passes elsewhere (the int8
- * layer seam) compute the elementwise kernel's bits. */
-static inline void norm_row(const uint16_t *x, const uint16_t *d, uint16_t *h, const uint16_t *w, uint16_t *y,
-                            int64_t n, float eps) {
+/* silu(g) = g / (1 + e^-g) in fp32, rounded to the element type as torch's F.silu rounds it. */
+static inline vf vsilu_e(vf g) { return vround_e(vdiv(g, vadd(vset1(1.0f), vexp(vsub(vzero(), g))))); }
+
+/* One row of RMSNorm, or of residual add + RMSNorm where d is given: h = e(x + d) (h may be x itself),
+ * y = e(w * e(h * rsqrt(mean(h^2) + eps))), e() the element type's rounding. Shared so that fused passes
+ * elsewhere (the int8 layer seam) compute the elementwise kernel's bits. */
+static inline void norm_row(const elem *x, const elem *d, elem *h, const elem *w, elem *y, int64_t n, float eps) {
     vf ss = vzero();
     for (int64_t i = 0; i < n; i += VL) {
         const vcount m = vtail(n, i);
-        vf v = vload_bf16_n(x + i, m);
+        vf v = vload_e_n(x + i, m);
         if (d) {
-            v = vround_bf16(vadd(v, vload_bf16_n(d + i, m)));
-            vstore_bf16_n(h + i, v, m);
+            v = vround_e(vadd(v, vload_e_n(d + i, m)));
+            vstore_e_n(h + i, v, m);
         }
         ss = vfmadd(v, v, ss);
     }
     const vf r = vset1(1.0f / sqrtf(vsum(ss) / (float)n + eps));
-    const uint16_t *src = d ? h : x;
+    const elem *src = d ? h : x;
     for (int64_t i = 0; i < n; i += VL) {
         const vcount m = vtail(n, i);
-        const vf v = vround_bf16(vmul(vload_bf16_n(src + i, m), r));
-        vstore_bf16_n(y + i, vmul(v, vload_bf16_n(w + i, m)), m);
+        const vf v = vround_e(vmul(vload_e_n(src + i, m), r));
+        vstore_e_n(y + i, vmul(v, vload_e_n(w + i, m)), m);
     }
 }
 

@@ -1,11 +1,11 @@
-"""Decode attention read straight from the paged bf16 cache, on CPUs with AVX2 or AVX-512 BF16.
+"""Decode attention read straight from the paged bf16 or fp32 cache, on CPUs with AVX2 or AVX-512 BF16.
 
 The torch backend gathers every decoding sequence's K/V blocks into a contiguous copy in every layer
 (``index_select``), then runs two small ``bmm``s: at batch 256 that is a third of a decode step, and at
-batch 1 the oneDNN calls cost more than the arithmetic. ``cpu_decode_bf16.c`` reads each key and value row
-once, in place, for all query heads of its KV head, with fp32 scores and softmax. ``CpuDecodeBackend`` hands
-it every row of a step: a decode row per sequence, and each row of a prefill chunk over its own causal
-prefix (the kernel takes a sequence index and a length per row).
+batch 1 the oneDNN calls cost more than the arithmetic. ``paged_attention.c`` (built once per element
+type) reads each key and value row once, in place, for all query heads of its KV head, with fp32 scores
+and softmax. ``CpuDecodeBackend`` hands it every row of a step: a decode row per sequence, and each row
+of a prefill chunk over its own causal prefix (the kernel takes a sequence index and a length per row).
 """
 from __future__ import annotations
 
@@ -21,46 +21,49 @@ from actorserve.kernels.attention.torch_ref import TorchRefBackend, write_kv_ref
 from actorserve.kernels.native import CpuKernelLibrary
 from actorserve.kernels.profiling import call
 
-SOURCE = Path(__file__).with_name("cpu_decode_bf16.c")
-PROFILE_NAME = "actorserve::paged_decode_bf16"
+SOURCE = Path(__file__).with_name("paged_attention.c")
+PROFILE_NAME = "actorserve::paged_decode"
 MAX_GROUP, MAX_HEAD_DIM = 16, 256  # as in the C source
+DTYPES = (torch.bfloat16, torch.float32)  # the element types the source is built for
+_SIGNATURES = {
+    "paged_decode": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64]
+                     + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int]),
+    "write_kv": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int64] * 2 + [ctypes.c_void_p] + [ctypes.c_int64] * 3
+                 + [ctypes.c_void_p] * 2 + [ctypes.c_int64]),
+}
+_libraries = {dtype: CpuKernelLibrary(SOURCE, _SIGNATURES, str(dtype).removeprefix("torch.")) for dtype in DTYPES}
 
 
-_library = CpuKernelLibrary(SOURCE, {
-    "paged_decode_bf16": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64]
-                          + [ctypes.c_void_p] * 3
-                          + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int]),
-    "write_kv_bf16": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int64] * 2 + [ctypes.c_void_p] + [ctypes.c_int64] * 3
-                      + [ctypes.c_void_p] * 2 + [ctypes.c_int64]),
-})
+def available(dtype: torch.dtype = torch.bfloat16) -> bool:
+    return library(dtype) is not None
 
 
-def available() -> bool:
-    return _library.get() is not None
-
-
-def library() -> Optional[ctypes.CDLL]:
-    """The built library with its signatures declared, for callers that plan a whole step on raw pointers
-    (``runtime.model.decode_fast_path``); None where it is not available."""
-    return _library.get()
+def library(dtype: torch.dtype = torch.bfloat16) -> Optional[ctypes.CDLL]:
+    """The library built for caches of ``dtype``, with its signatures declared (``paged_decode``,
+    ``write_kv``), for callers that plan a whole step on raw pointers (``runtime.model.decode_fast_path``);
+    None where it is not available."""
+    lib = _libraries.get(dtype)
+    return None if lib is None else lib.get()
 
 
 def supports(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
-    """Whether the kernel takes a model of this shape; its gate alone."""
-    return (dtype == torch.bfloat16 and num_heads % num_kv_heads == 0 and num_heads // num_kv_heads <= MAX_GROUP
-            and head_dim % 32 == 0 and head_dim <= MAX_HEAD_DIM and available())
+    """Whether the kernel takes a model of this dtype and shape; its gate alone."""
+    return (dtype in DTYPES and num_heads % num_kv_heads == 0 and num_heads // num_kv_heads <= MAX_GROUP
+            and head_dim % 32 == 0 and head_dim <= MAX_HEAD_DIM and available(dtype))
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                  seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """Attention of one query per sequence, q [B, H, D] bf16, over caches [KVH, num_blocks, block_size, D]
-    bf16 holding each sequence's first ``seq_lens[b]`` tokens at the blocks ``block_tables[b]`` (int64)."""
-    lib = _library.get()
+    """Attention of one query per sequence, q [B, H, D], over caches [KVH, num_blocks, block_size, D] of q's
+    dtype (bf16 or fp32) holding each sequence's first ``seq_lens[b]`` tokens at the blocks
+    ``block_tables[b]`` (int64)."""
+    lib = library(q.dtype)
     if lib is None:
-        raise RuntimeError("the paged decode kernel is not available on this machine")
+        raise RuntimeError(f"the paged decode kernel for {q.dtype} is not available on this machine")
     block_size = k_cache.shape[2]
     b = q.shape[0]
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous() and block_tables.dtype == torch.int64
+    if not (k_cache.dtype == v_cache.dtype == q.dtype and k_cache.is_contiguous() and v_cache.is_contiguous()
+            and block_tables.dtype == torch.int64
             and seq_lens.dtype == torch.int64 and block_tables.shape[0] == b == seq_lens.shape[0]):
         raise ValueError("paged_decode: contiguous caches, and int64 block tables and lengths of one row per query")
     if b and int(seq_lens.max()) > block_tables.shape[1] * block_size:
@@ -86,27 +89,28 @@ def _launch(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     args = (q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), tables.shape[1],
             None if row_seq is None else row_seq.data_ptr(), lens.data_ptr(), out.data_ptr(), b, h, kvh, num_blocks,
             block_size, d, scale, torch.get_num_threads())
-    rc = call(PROFILE_NAME, lib.paged_decode_bf16, *args)
+    rc = call(PROFILE_NAME, lib.paged_decode, *args)
     if rc != 0:
-        raise RuntimeError(f"paged_decode_bf16 failed ({rc}): shapes outside the kernel, or out of memory")
+        raise RuntimeError(f"paged_decode failed ({rc}): shapes outside the kernel, or out of memory")
     return out
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
-    """``write_kv_ref`` in one C call for bf16 rows whose heads are contiguous (rows may be strided, as
-    k and v inside a fused qkv output); anything else goes to the torch reference."""
-    lib = _library.get()
+    """``write_kv_ref`` in one C call for rows of the caches' dtype (bf16 or fp32) whose heads are
+    contiguous (rows may be strided, as k and v inside a fused qkv output); anything else goes to the torch
+    reference."""
+    lib = library(k_cache.dtype)
     kvh, _, _, d = k_cache.shape
-    if (lib is None or k.dtype != torch.bfloat16 or v.dtype != torch.bfloat16 or k_cache.dtype != torch.bfloat16
-            or v_cache.dtype != torch.bfloat16 or not (k_cache.is_contiguous() and v_cache.is_contiguous())
+    if (lib is None or not (k.dtype == v.dtype == k_cache.dtype == v_cache.dtype)
+            or not (k_cache.is_contiguous() and v_cache.is_contiguous())
             or k.shape != v.shape or k.dim() != 3 or k.shape[1:] != (kvh, d)
             or any(t.stride(2) != 1 or t.stride(1) != d for t in (k, v))
             or slot_mapping.dtype != torch.int64 or not slot_mapping.is_contiguous()
             or slot_mapping.shape != (k.shape[0],)):
         write_kv_ref(k_cache, v_cache, k, v, slot_mapping)
         return
-    rc = call("actorserve::write_kv_bf16", lib.write_kv_bf16, k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
+    rc = call("actorserve::write_kv", lib.write_kv, k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
               slot_mapping.data_ptr(), k.shape[0], kvh, d, k_cache.data_ptr(), v_cache.data_ptr(),
               k_cache.shape[1] * k_cache.shape[2])
     if rc != 0:
@@ -132,13 +136,13 @@ class CpuDecodeMetadata:
 
 
 class CpuDecodeBackend(TorchRefBackend):
-    """Paged attention by the C kernel for bf16 models (``supports`` is the gate the runner checks): a
+    """Paged attention by the C kernel for bf16 and fp32 models (``supports`` is the gate the runner checks): a
     decode row per sequence, and a prefill chunk's rows each over its own causal prefix, read from the
     cache after the step's K/V are written. The torch backend gathered and padded every prefill chunk (or
     ran SDPA per prompt), about 12-19% of a 2048-token prefill step of SmolLM2."""
 
     def prepare(self, meta: AttentionMetadata) -> CpuDecodeMetadata:
-        if _library.get() is None:
+        if not any(available(dtype) for dtype in DTYPES):
             raise ValueError("CpuDecodeBackend: the kernel is not available on this machine")
         decode = prefill = None
         if meta.decode is not None:
@@ -163,7 +167,9 @@ class CpuDecodeBackend(TorchRefBackend):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: CpuDecodeMetadata, scale: float) -> torch.Tensor:
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-        lib = _library.get()
+        lib = library(k_cache.dtype)
+        if lib is None or q.dtype != k_cache.dtype:
+            raise ValueError(f"CpuDecodeBackend: no kernel for {q.dtype} queries over a {k_cache.dtype} cache")
         plans = [p for p in (meta.decode, meta.prefill) if p is not None]
         # the tables and lengths were made for the step in prepare; the caches are the runner's own
         if len(plans) == 1 and plans[0].group.token_start == 0 and plans[0].group.token_end == q.shape[0]:

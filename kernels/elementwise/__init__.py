@@ -1,13 +1,14 @@
 """The row operations of a decoder layer (RMSNorm, residual add + RMSNorm, SiLU-and-multiply, rotary) and
-the greedy sampler's row argmax: a C
-path for bf16 on CPUs with AVX2 or AVX-512 BF16 (``cpu_bf16``), and torch references, which are also the path
-for every other dtype and device (fp32 stays on them: it is held exact against the reference model)."""
+the greedy sampler's row argmax: a C path for bf16 and fp32 rows on CPUs with AVX2 or AVX-512 BF16
+(``cpu_rows``), and torch references, which are also the path for every other dtype and device. In bf16
+the C path rounds where torch's sequence rounds, so it is torch's to the bit; in fp32 only the order of a
+norm's sum of squares and the last bit of exp differ from torch's."""
 from __future__ import annotations
 
 import torch
 from torch.nn import functional as F
 
-from actorserve.kernels.elementwise import cpu_bf16
+from actorserve.kernels.elementwise import cpu_rows
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -30,37 +31,37 @@ def rotary_ref(x: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor]) -> tor
 
 
 def rotary(x: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    if cpu_bf16.rotary_applies(x, *table):
-        return cpu_bf16.rotary(x, *table)
+    if cpu_rows.rotary_applies(x, *table):
+        return cpu_rows.rotary(x, *table)
     return rotary_ref(x, table)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if cpu_bf16.applies(x, weight):
-        return cpu_bf16.rms_norm(x, weight, eps)
+    if cpu_rows.applies(x, weight):
+        return cpu_rows.rms_norm(x, weight, eps)
     return rms_norm_ref(x, weight, eps)
 
 
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + delta, rms_norm(x + delta)): the residual stream and the next sublayer's input."""
-    if cpu_bf16.applies(x, weight, delta):
-        return cpu_bf16.add_rms_norm(x, delta, weight, eps)
+    if cpu_rows.applies(x, weight, delta):
+        return cpu_rows.add_rms_norm(x, delta, weight, eps)
     h = x + delta
     return h, rms_norm_ref(h, weight, eps)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    if cpu_bf16.applies(gate_up):
-        return cpu_bf16.silu_mul(gate_up)
+    if cpu_rows.applies(gate_up):
+        return cpu_rows.silu_mul(gate_up)
     return silu_mul_ref(gate_up)
 
 
 def argmax(x: torch.Tensor) -> torch.Tensor:
     """``x.argmax(dim=-1)`` for 2-D x; bf16 logits are ranked without an fp32 copy (at 256 rows of a 49k
     vocabulary the copy and torch's bf16 argmax took about 25 ms a step, the C pass about 2)."""
-    if x.dim() == 2 and x.shape[1] > 0 and cpu_bf16.applies(x):
-        return cpu_bf16.argmax(x)
+    if x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[1] > 0 and cpu_rows.applies(x):
+        return cpu_rows.argmax(x)
     return x.argmax(dim=-1)
 
 

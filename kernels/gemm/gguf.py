@@ -23,6 +23,7 @@ from typing import Optional
 import torch
 from torch.nn import functional as F
 
+from actorserve.kernels.gemm.rows_product import ROWS, RowsProduct
 from actorserve.kernels.native import CpuKernelLibrary
 from actorserve.kernels.profiling import call
 
@@ -79,7 +80,7 @@ class GgufWeight:
             raise ValueError("GgufWeight: at least one segment")
         if out_features is not None and at != out_features:
             raise ValueError(f"GgufWeight: {at} rows of blocks for a weight of {out_features}")
-        self.segments, self.in_features, self.out_features = segments, in_features, at
+        self.segments, self.in_features, self.out_features = _merged(segments), in_features, at
 
     @property
     def nbytes(self) -> int:
@@ -123,6 +124,31 @@ class GgufWeight:
                 self._product(rows[m0:m0 + MAX_ROWS], bias, out[m0:m0 + MAX_ROWS])
         return out.view(*x.shape[:-1], self.out_features)
 
+    def rows_product(self, bias: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[RowsProduct]:
+        """``apply`` for the decode plan of an fp32 model (None for another dtype): up to MAX_ROWS rows (its
+        own contiguous fp32) go straight to the kernel, one call per segment with the arguments bound
+        once; more rows through ``apply``."""
+        if dtype != torch.float32:
+            return None
+        bias = None if bias is None else bias.float().contiguous()
+        lib, n, k = _lib(), self.out_features, self.in_features
+        calls = [(TYPES[s.type_name][0], s.blocks.data_ptr(), None if bias is None else bias[s.start].data_ptr(),
+                  s.start * 4, s.rows) for s in self.segments]
+        keep = (bias, self.segments)  # the pointers' owners, alive as long as the plan is
+
+        def run(rows: torch.Tensor) -> torch.Tensor:
+            t = rows.shape[0]
+            if t > MAX_ROWS:
+                return self.apply(rows, keep[0])
+            out = torch.empty(t, n, dtype=torch.float32)
+            x_p, out_p, threads = rows.data_ptr(), out.data_ptr(), torch.get_num_threads()
+            for type_id, blocks_p, bias_p, offset, seg_rows in calls:
+                if call("actorserve::gguf_linear_f32", lib.gguf_linear_f32, type_id, x_p, t, blocks_p, bias_p,
+                        out_p + offset, n, seg_rows, k, threads) != 0:
+                    raise RuntimeError(f"gguf_linear_f32 refused [{seg_rows}, {k}]")
+            return out
+        return RowsProduct(ROWS, run, n)
+
     def _product(self, rows: torch.Tensor, bias: Optional[torch.Tensor], out: torch.Tensor) -> None:
         """At most MAX_ROWS rows, straight from the blocks."""
         lib, threads = _lib(), torch.get_num_threads()
@@ -158,6 +184,18 @@ class GgufWeight:
                   blocks.data_ptr(), into.data_ptr(), n, self.in_features, torch.get_num_threads())
         if rc != 0:
             raise RuntimeError(f"gguf_dequantize_f32 refused {type_name} [{n}, {self.in_features}]")
+
+
+def _merged(segments: list[Segment]) -> list[Segment]:
+    """Neighbouring segments of one block type joined into one (q|k|v and gate|up mostly are): one kernel
+    call, and one pass of its threads, for each."""
+    out: list[Segment] = []
+    for s in segments:
+        if out and out[-1].type_name == s.type_name:
+            last = out.pop()
+            s = Segment(s.type_name, torch.cat([last.blocks, s.blocks]), last.start, last.rows + s.rows)
+        out.append(s)
+    return out
 
 
 class _Scratch(threading.local):

@@ -61,7 +61,27 @@ static inline void scale_min(const uint8_t *s, int j, int *sc, int *m) {
 }
 
 /* Values [32 j, 32 j + 32) of the block at blk into w[0 .. 32 / VL). */
-static inline void decode(int type, const uint8_t *blk, int j, vf *w) {
+static inline __attribute__((always_inline)) void decode(int type, const uint8_t *blk, int j, vf *w) {
+#ifdef VLUT16
+    /* 4-bit values through a table of the 16 weights a nibble can stand for, each computed as below */
+    if (type == Q4_0 || type == Q4_1) {
+        const vf d = vset1(half(blk)), q = viota();
+        const vf table = type == Q4_1 ? vadd(vmul(d, q), vset1(half(blk + 2))) : vmul(d, vsub(q, vset1(8.0f)));
+        const uint8_t *qs = blk + (type == Q4_1 ? 4 : 2);
+        w[0] = vlut16_nibbles(qs, 0, table);
+        w[1] = vlut16_nibbles(qs, 1, table);
+        return;
+    }
+    if (type == Q4_K) {
+        int sc, mn;
+        scale_min(blk + 4, j, &sc, &mn);
+        const vf table = vsub(vmul(vset1(half(blk) * (float)sc), viota()), vset1(half(blk + 2) * (float)mn));
+        const uint8_t *qs = blk + 16 + 32 * (j / 2);
+        w[0] = vlut16_nibbles(qs, j & 1, table);
+        w[1] = vlut16_nibbles(qs + 16, j & 1, table);
+        return;
+    }
+#endif
     if (type == Q8_0 || type == Q4_0 || type == Q4_1) {
         const vf d = vset1(half(blk));
         if (type == Q8_0) {
@@ -116,25 +136,59 @@ static inline void decode(int type, const uint8_t *blk, int j, vf *w) {
         w[i] = vmul(vset1(d * (float)scales[2 * j + (i * VL) / 16]), vsub(w[i], thirty_two));
 }
 
-/* Rows [n0, n1) of y[m, n] = x[m, :] . w[n, :] (+ bias[n]) for up to MAX_ROWS rows of x. */
-static void rows(int type, const float *x, int64_t M, const uint8_t *w, const float *bias, float *y, int64_t ldy,
-                 int64_t K, int64_t n0, int64_t n1) {
-    const int64_t qk = block_values(type), nb = K / qk, bytes = block_bytes(type), row_bytes = nb * bytes;
+/* Rows [n0, n1) of y[m, n] = x[m, :] . w[n, :] (+ bias[n]) for M (at most MAX_ROWS) rows of x. Inlined
+ * into clones with M constant (``rows_m``), so that the accumulators live in registers. Each row keeps
+ * two sets of SUB / VL accumulators, for even and odd sub-blocks: one chain of multiply-adds waited on
+ * the latency of the one before it. */
+static inline __attribute__((always_inline)) void rows_impl(
+        int type, const float *x, const int64_t M, const uint8_t *w, const float *bias, float *y, int64_t ldy,
+        int64_t K, int64_t n0, int64_t n1) {
+    const int64_t qk = block_values(type), per = qk / SUB, subs = K / SUB, bytes = block_bytes(type);
+    const int64_t row_bytes = K / qk * bytes;
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *wr = w + n * row_bytes;
-        vf acc[MAX_ROWS];
-        for (int64_t m = 0; m < M; m++) acc[m] = vzero();
-        for (int64_t b = 0; b < nb; b++)
-            for (int j = 0; j < qk / SUB; j++) {
+        vf acc[MAX_ROWS][2][SUB / VL];
+        for (int64_t m = 0; m < M; m++)
+            for (int p = 0; p < 2; p++)
+                for (int i = 0; i < SUB / VL; i++) acc[m][p][i] = vzero();
+        for (int64_t sb = 0; sb < subs; sb += 2) /* even sub-blocks into acc[.][0], odd into acc[.][1] */
+            for (int p = 0; p < 2 && sb + p < subs; p++) {
                 vf wv[SUB / VL];
-                decode(type, wr + b * bytes, j, wv);
+                decode(type, wr + (sb + p) / per * bytes, (int)((sb + p) % per), wv);
                 for (int64_t m = 0; m < M; m++) {
-                    const float *xm = x + m * K + b * qk + j * SUB;
-                    for (int i = 0; i < SUB / VL; i++) acc[m] = vfmadd(vload(xm + i * VL), wv[i], acc[m]);
+                    const float *xm = x + m * K + (sb + p) * SUB;
+                    for (int i = 0; i < SUB / VL; i++)
+                        acc[m][p][i] = vfmadd(vload(xm + i * VL), wv[i], acc[m][p][i]);
                 }
             }
-        for (int64_t m = 0; m < M; m++) y[m * ldy + n] = vsum(acc[m]) + (bias ? bias[n] : 0.0f);
+        for (int64_t m = 0; m < M; m++) {
+            vf t = vadd(acc[m][0][0], acc[m][1][0]);
+            for (int i = 1; i < SUB / VL; i++) t = vadd(t, vadd(acc[m][0][i], acc[m][1][i]));
+            y[m * ldy + n] = vsum(t) + (bias ? bias[n] : 0.0f);
+        }
     }
+}
+
+/* The clones: one per block type and row count, so that neither the type's branches nor the row loops are
+ * decided inside the loop over the blocks. */
+typedef void (*rows_fn)(const float *, const uint8_t *, const float *, float *, int64_t, int64_t, int64_t, int64_t);
+#define ROWS_TM(t, m)                                                                                        \
+    static void rows_##t##_##m(const float *x, const uint8_t *w, const float *bias, float *y, int64_t ldy,   \
+                               int64_t K, int64_t n0, int64_t n1) {                                          \
+        rows_impl(t, x, m, w, bias, y, ldy, K, n0, n1);                                                      \
+    }
+#define ROWS_T(t)                                                                                            \
+    ROWS_TM(t, 1) ROWS_TM(t, 2) ROWS_TM(t, 3) ROWS_TM(t, 4) ROWS_TM(t, 5) ROWS_TM(t, 6) ROWS_TM(t, 7)         \
+    ROWS_TM(t, 8) static const rows_fn rows_##t[MAX_ROWS] = {rows_##t##_1, rows_##t##_2, rows_##t##_3,       \
+                                                             rows_##t##_4, rows_##t##_5, rows_##t##_6,       \
+                                                             rows_##t##_7, rows_##t##_8};
+ROWS_T(Q4_0) ROWS_T(Q4_1) ROWS_T(Q8_0) ROWS_T(Q4_K) ROWS_T(Q5_K) ROWS_T(Q6_K)
+
+static void rows(int type, const float *x, int64_t M, const uint8_t *w, const float *bias, float *y, int64_t ldy,
+                 int64_t K, int64_t n0, int64_t n1) {
+    const rows_fn *by_m = type == Q4_0 ? rows_Q4_0 : type == Q4_1 ? rows_Q4_1 : type == Q8_0 ? rows_Q8_0
+                          : type == Q4_K ? rows_Q4_K : type == Q5_K ? rows_Q5_K : rows_Q6_K;
+    by_m[M - 1](x, w, bias, y, ldy, K, n0, n1);
 }
 
 /* y[M, N] (row stride ldy) = x[M, K] . W^T (+ bias), W the N rows of blocks at w; K a multiple of the

@@ -204,10 +204,11 @@ class Int8Weight:
         acc, sx = self.product_quantized(q, sx)
         return dequant_rows(acc, sx, self.scale, bias, dtype)
 
-    def rows_product(self, bias: Optional[torch.Tensor]) -> Optional[RowsProduct]:
+    def rows_product(self, bias: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[RowsProduct]:
         """The product on rows the pass before it quantized, its integers left for the pass after it: where
-        ``torch._int_mm`` and the row passes run, and a bias (if any) is bf16 as those passes take it."""
-        if not (int_mm_available() and kernels_available()) or (bias is not None and bias.dtype != torch.bfloat16):
+        ``torch._int_mm`` and the row passes run, in a bf16 model (the passes' dtype, a bias's too)."""
+        if (dtype != torch.bfloat16 or not (int_mm_available() and kernels_available())
+                or (bias is not None and bias.dtype != torch.bfloat16)):
             return None
         q_t = self.q_t
         return RowsProduct(INT8, lambda q, acc: torch._int_mm(q, q_t, out=acc), self.out_features, self.scale,

@@ -72,7 +72,7 @@ static void silu_mul_quantize_row(const int32_t *acc, int64_t n, float sx, const
         const vcount m = vtail(n, i);
         const vf g = vround_bf16(vmul(vmul(vload_i32_n(acc + i, m), s), vload_n(sw + i, m)));
         const vf u = vround_bf16(vmul(vmul(vload_i32_n(acc + n + i, m), s), vload_n(sw + n + i, m)));
-        const vf v = vround_bf16(vmul(vsilu_bf16(g), u));
+        const vf v = vround_bf16(vmul(vsilu_e(g), u));
         vstore_n(h + i, v, m);
         amax = vmax(amax, vkeep(vabs(v), m));
     }

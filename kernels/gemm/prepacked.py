@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 from actorserve.kernels import capability
-from actorserve.kernels.gemm.rows_product import BF16, RowsProduct
+from actorserve.kernels.gemm.rows_product import ROWS, RowsProduct
 
 # oneDNN picks the blocked layout for an expected row count. Measured on the model's shapes, a hint of 1,
 # 32 or 256 serves 1 to 256 rows alike; no hint made 1-row products 40% slower.
@@ -48,11 +48,13 @@ class PackedWeight:
     def apply(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         return packed_linear(x, self, bias)
 
-    def rows_product(self, bias: Optional[torch.Tensor]) -> RowsProduct:
+    def rows_product(self, bias: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[RowsProduct]:
         """``packed_linear`` less its checks and reshapes, straight to oneDNN: the decode step's rows are its
-        own contiguous bf16."""
+        own contiguous bf16 (None for another dtype)."""
+        if dtype != torch.bfloat16:
+            return None
         op, tensor = torch.ops.mkldnn._linear_pointwise.default, self.tensor
-        return RowsProduct(BF16, lambda rows: op(rows, tensor, bias, "none", [], ""), self.out_features)
+        return RowsProduct(ROWS, lambda rows: op(rows, tensor, bias, "none", [], ""), self.out_features)
 
 
 def packed_linear(x: torch.Tensor, packed: PackedWeight, bias: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """How a weight multiplies the rows of a decode step, bound once at load: each weight kind says it for
 itself (``rows_product``), and the decode fast path (``runtime.model.decode_fast_path``) chains them. A new
-weight kind that gives one joins that path without touching it; one that gives none is multiplied there
-through its module (``Linear.forward``)."""
+weight kind that gives one joins that path without touching it; one that gives none (or none for the
+model's dtype) is multiplied there through its module (``Linear.forward``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,7 +9,7 @@ from typing import Callable, Optional
 
 import torch
 
-BF16 = "bf16"  # run(rows [T, K] bf16) -> rows [T, N] bf16
+ROWS = "rows"  # run(rows [T, K]) -> rows [T, N], both of the model's dtype
 INT8 = "int8"  # run(q [T, K] int8, acc [T, N] int32) writes the integer product into acc
 
 

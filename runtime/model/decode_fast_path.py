@@ -1,4 +1,4 @@
-"""A decode-only step of a bf16 model on the CPU kernels, with its dispatch resolved once at load.
+"""A decode-only step of a bf16 or fp32 model on the CPU kernels, with its dispatch resolved once at load.
 
 At batch 1 a decode step of SmolLM2-135M spent about a fifth of its time in Python between kernels:
 some 240 module calls, a gate per kernel call (bf16? on the CPU? without grad?), wrappers that reshape
@@ -12,14 +12,15 @@ linear its weight's ``rows_product``). The planner turns them into a flat list o
 pointers into a few buffers allocated per step, choosing once at load how each value passes from one call
 to the next. An int8 product hands on its int32 result, so the pass after it (dequantize, residual add +
 RMSNorm, quantize for the next int8 product) is one C call and the norm's bf16 rows are never written;
-a bf16 product hands on bf16 rows. A new weight kind, kernel or ISA then changes its own module or
+any other product hands on rows of the model's dtype. A new weight kind, kernel or ISA then changes its own module or
 weight kind, and a model switch (a bias, q/k norms, a tied head) lives in the module that has it.
 
 It computes what the module path (``CausalLM.forward``) computes, with the same kernels on the same
 operands in the same order, so its hidden states are the module path's bit for bit (tested). It serves
-only the steps the module path would send to those kernels: every scheduled chunk a decode, a bf16 model
-whose attention is ``CpuDecodeBackend``'s and whose row operations are ``fused_bf16.c``'s. Prefill and
-mixed steps, fp32 and other devices take the module path.
+only the steps the module path would send to those kernels: every scheduled chunk a decode, a bf16 or
+fp32 model whose attention is ``CpuDecodeBackend``'s and whose row operations are ``fused_rows.c``'s.
+Values pass between calls in the model's dtype ("rows"); an fp32 model's products are its GGUF blocks'
+(``GgufWeight``) or its dense weights'. Prefill and mixed steps and other devices take the module path.
 """
 from __future__ import annotations
 
@@ -32,9 +33,9 @@ import torch
 from torch.nn import functional as F
 
 from actorserve.kernels.attention import cpu_decode
-from actorserve.kernels.elementwise import cpu_bf16, rotary
+from actorserve.kernels.elementwise import cpu_rows, rotary
 from actorserve.kernels.gemm import int8
-from actorserve.kernels.gemm.rows_product import BF16, INT8, RowsProduct
+from actorserve.kernels.gemm.rows_product import INT8, ROWS, RowsProduct
 from actorserve.kernels.profiling import call
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ Op = Callable[["DecodeStep"], None]
 
 @dataclass(frozen=True)
 class Rows:
-    """bf16 rows [T, width] in slot ``slot`` of the step."""
+    """Rows [T, width] of the model's dtype in slot ``slot`` of the step."""
 
     slot: int
     width: int
@@ -82,9 +83,13 @@ class DecodePlanner:
     shared by every layer, since each layer's values are consumed before the next layer writes them), and
     the ops in order. Each method plans one operation on values and returns the value it makes."""
 
-    def __init__(self, hidden: int, elementwise: ctypes.CDLL, attention: ctypes.CDLL,
+    def __init__(self, hidden: int, dtype: torch.dtype, elementwise: ctypes.CDLL, attention: ctypes.CDLL,
                  int8_lib: Optional[ctypes.CDLL]) -> None:
-        self.hidden, self.ew, self.attn, self.int8_lib = hidden, elementwise, attention, int8_lib
+        """``elementwise`` and ``attention`` are the libraries built for ``dtype``; ``int8_lib`` the int8
+        row passes (bf16 only), or None."""
+        self.hidden, self.dtype, self.ew, self.attn, self.int8_lib = hidden, dtype, elementwise, attention, int8_lib
+        self.elem = torch.empty((), dtype=dtype).element_size()
+        self.suffix = "bf16" if dtype == torch.bfloat16 else "f32"  # of the profiler's names, as cpu_rows's
         self.ops: list[Op] = []
         self.kernels: Counter = Counter()  # what the plan calls, by name, for its description and tests
         self.shapes: list[Optional[tuple[Optional[int], torch.dtype]]] = []
@@ -115,7 +120,7 @@ class DecodePlanner:
         self.kernels[kernel] += 1
 
     def _rows(self, name: str, width: int) -> Rows:
-        return Rows(self.slot(name, width, torch.bfloat16), width)
+        return Rows(self.slot(name, width, self.dtype), width)
 
     def _quantized(self, name: str, width: int) -> QuantizedRows:
         return QuantizedRows(self.slot(name + ".q", width, torch.int8), self.slot(name + ".s", None, torch.float32),
@@ -125,7 +130,7 @@ class DecodePlanner:
     def product_of(self, linear: "Linear") -> RowsProduct:
         key = id(linear)
         if key not in self._products:
-            self._products[key] = linear.rows_product()
+            self._products[key] = linear.rows_product(self.dtype)
         return self._products[key]
 
     def takes(self, linear: "Linear") -> str:
@@ -135,13 +140,13 @@ class DecodePlanner:
     def product(self, linear: "Linear", x: Value, name: str) -> Value:
         p = self.product_of(linear)
         x = self.convert(x, p.takes, name + ".in")
-        if p.takes == BF16:
+        if p.takes == ROWS:
             out, src, run = self.filled(name), x.slot, p.run
 
             def op(st: DecodeStep) -> None:
                 r = run(st.bufs[src])
                 st.bufs[out], st.ptrs[out] = r, r.data_ptr()
-            self.emit("product_bf16", op)
+            self.emit("product_rows", op)
             return Rows(out, p.out_features)
         if p.takes != INT8:
             raise ValueError(f"decode plan: a product that takes {p.takes!r} rows")
@@ -151,12 +156,12 @@ class DecodePlanner:
                            None if p.bias is None else p.bias.data_ptr())
 
     def convert(self, x: Value, form: str, name: str) -> Value:
-        """x in the form a consumer takes: bf16 rows, or int8 rows with scales."""
+        """x in the form a consumer takes: rows of the model's dtype, or int8 rows with scales."""
         if isinstance(x, Accumulator):
             x = self._dequantize(x, name)
         if isinstance(x, Rows) and form == INT8:
             return self._quantize(x, name)
-        if (isinstance(x, Rows) and form == BF16) or (isinstance(x, QuantizedRows) and form == INT8):
+        if (isinstance(x, Rows) and form == ROWS) or (isinstance(x, QuantizedRows) and form == INT8):
             return x
         raise ValueError(f"decode plan: no pass from {type(x).__name__} to {form} rows")
 
@@ -183,7 +188,7 @@ class DecodePlanner:
         """The residual stream plus ``delta`` (the previous sublayer's output; None at a stage's first
         norm, where the stream is its input) written back as the stream, and its RMSNorm in ``form``."""
         ew, hidden, w_p, eps = self.ew, self.hidden, norm.weight.data_ptr(), norm.eps
-        res = self.slot("residual", hidden, torch.bfloat16)
+        res = self.slot("residual", hidden, self.dtype)
         if isinstance(delta, Accumulator) and form == INT8 and self.int8_lib is not None:
             lib, out = self.int8_lib, self._quantized(name, hidden)
 
@@ -196,19 +201,19 @@ class DecodePlanner:
                 st.stream_p = st.ptrs[res]
             self.emit("dequant_add_norm_quantize_rows", seam)
             return out
-        normed = self._rows(name, hidden)
+        normed, sfx = self._rows(name, hidden), self.suffix
         if delta is None:
-            self.emit("rms_norm_bf16", lambda st: call(
-                "actorserve::rms_norm_bf16", ew.rms_norm_bf16, st.stream_p, None, None, w_p, st.ptrs[normed.slot],
+            self.emit("rms_norm", lambda st: call(
+                f"actorserve::rms_norm_{sfx}", ew.rms_norm, st.stream_p, None, None, w_p, st.ptrs[normed.slot],
                 st.t, hidden, eps, st.threads))
         else:
-            d = self.convert(delta, BF16, name + ".delta")
+            d = self.convert(delta, ROWS, name + ".delta")
 
             def add_norm(st: DecodeStep) -> None:
-                call("actorserve::add_rms_norm_bf16", ew.rms_norm_bf16, st.stream_p, st.ptrs[d.slot], st.ptrs[res],
+                call(f"actorserve::add_rms_norm_{sfx}", ew.rms_norm, st.stream_p, st.ptrs[d.slot], st.ptrs[res],
                      w_p, st.ptrs[normed.slot], st.t, hidden, eps, st.threads)
                 st.stream_p = st.ptrs[res]
-            self.emit("add_rms_norm_bf16", add_norm)
+            self.emit("add_rms_norm", add_norm)
         return self.convert(normed, form, name)
 
     def silu_mul(self, gate_up: Value, form: str, name: str) -> Value:
@@ -226,23 +231,24 @@ class DecodePlanner:
                     raise MemoryError("silu_mul_quantize_rows: no memory for a row buffer")
             self.emit("silu_mul_quantize_rows", op)
             return out
-        ew, gu, act = self.ew, self.convert(gate_up, BF16, name + ".gate_up"), self._rows(name, inter)
-        self.emit("silu_mul_bf16", lambda st: call(
-            "actorserve::silu_mul_bf16", ew.silu_mul_bf16, st.ptrs[gu.slot], st.ptrs[act.slot], st.t, inter,
+        ew, gu, act = self.ew, self.convert(gate_up, ROWS, name + ".gate_up"), self._rows(name, inter)
+        sfx = self.suffix
+        self.emit("silu_mul", lambda st: call(
+            f"actorserve::silu_mul_{sfx}", ew.silu_mul, st.ptrs[gu.slot], st.ptrs[act.slot], st.t, inter,
             st.threads))
         return self.convert(act, form, name)
 
     def attend(self, attn: "Attention", qkv: Value) -> Rows:
         """Rotary on q and k (after the q/k norms where the attention has them), the new k and v into this
         layer's KV cache, and decode attention over the cache."""
-        qkv = self.convert(qkv, BF16, "qkv.rows")
-        at, ew, layer = self.attn, self.ew, self.layers
+        qkv = self.convert(qkv, ROWS, "qkv.rows")
+        at, ew, layer, e, sfx = self.attn, self.ew, self.layers, self.elem, self.suffix
         self.layers += 1
         heads, kvh, d, scale = attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale
         q_size, q_end = attn.q_size, attn.q_size + attn.kv_size
         q_norm, k_norm = attn.q_norm, attn.k_norm
         out = self._rows("att", heads * d)
-        qk = self.slot("qk", (heads + kvh) * d, torch.bfloat16)
+        qk = self.slot("qk", (heads + kvh) * d, self.dtype)
 
         def op(st: DecodeStep) -> None:
             t, threads, k_cache, v_cache = st.t, st.threads, *st.kv_caches[layer]
@@ -250,22 +256,22 @@ class DecodePlanner:
             x = st.bufs[qkv.slot]
             qkv_p, qkv_stride = x.data_ptr(), x.stride(0)
             if q_norm is None:  # q and k are adjacent columns: rotate them together, as the module path
-                call("actorserve::rotary_bf16", ew.rotary_bf16, qkv_p, qkv_stride, st.cos_p, st.sin_p, st.ptrs[qk],
+                call(f"actorserve::rotary_{sfx}", ew.rotary, qkv_p, qkv_stride, st.cos_p, st.sin_p, st.ptrs[qk],
                      t, heads + kvh, d, threads)
-                q_p, q_stride, k_p, k_stride = st.ptrs[qk], (heads + kvh) * d, st.ptrs[qk] + heads * d * 2, (heads + kvh) * d
+                q_p, q_stride, k_p, k_stride = st.ptrs[qk], (heads + kvh) * d, st.ptrs[qk] + heads * d * e, (heads + kvh) * d
             else:
                 q = rotary(q_norm.forward(x[:, :q_size].reshape(t, heads, d)), st.rope)
                 k = rotary(k_norm.forward(x[:, q_size:q_end].reshape(t, kvh, d)), st.rope)
                 q_p, q_stride, k_p, k_stride = q.data_ptr(), heads * d, k.data_ptr(), kvh * d
-            rc = call("actorserve::write_kv_bf16", at.write_kv_bf16, k_p, k_stride, qkv_p + q_end * 2, qkv_stride,
+            rc = call("actorserve::write_kv", at.write_kv, k_p, k_stride, qkv_p + q_end * e, qkv_stride,
                       st.slots_p, t, kvh, d, k_cache.data_ptr(), v_cache.data_ptr(), nb * bs)
             if rc != 0:
                 raise IndexError("write_kv: a slot is outside the KV cache")
-            rc = call(cpu_decode.PROFILE_NAME, at.paged_decode_bf16, q_p, q_stride, k_cache.data_ptr(),
+            rc = call(cpu_decode.PROFILE_NAME, at.paged_decode, q_p, q_stride, k_cache.data_ptr(),
                       v_cache.data_ptr(), st.tables_p, st.tables_w, None, st.lens_p, st.ptrs[out.slot], t, heads, kvh,
                       nb, bs, d, scale, threads)
             if rc != 0:
-                raise RuntimeError(f"paged_decode_bf16 failed ({rc}): shapes outside the kernel, or out of memory")
+                raise RuntimeError(f"paged_decode failed ({rc}): shapes outside the kernel, or out of memory")
         self.emit("attention", op)
         return out
 
@@ -279,12 +285,12 @@ class DecodePlanner:
 
     def final_norm(self, norm: "RMSNorm", delta: Value) -> None:
         """The last stage's output: the normalised residual stream."""
-        rows = self.add_rms_norm(norm, delta, BF16, "final")
+        rows = self.add_rms_norm(norm, delta, ROWS, "final")
         self.output = rows.slot
 
     def residual_out(self, delta: Value) -> None:
         """A stage before the last hands on the residual stream itself."""
-        d, res, out = self.convert(delta, BF16, "delta"), self.slot("residual", self.hidden, torch.bfloat16), \
+        d, res, out = self.convert(delta, ROWS, "delta"), self.slot("residual", self.hidden, self.dtype), \
             self.filled("stream")
 
         def op(st: DecodeStep) -> None:
@@ -302,8 +308,9 @@ class DecodeFastPath:
             raise ValueError("DecodeFastPath: the model planned no output")
         self.hidden, self.planner, self.ops = model.cfg.hidden_size, planner, list(planner.ops)
         # the module path casts the fp32 tables' rows each step; cast once, the values are the same
-        self.cos = model.rotary.cos.to(torch.bfloat16)
-        self.sin = model.rotary.sin_signed.to(torch.bfloat16)
+        self.dtype = planner.dtype
+        self.cos = model.rotary.cos.to(self.dtype)
+        self.sin = model.rotary.sin_signed.to(self.dtype)
 
     @property
     def kernels(self) -> Counter:
@@ -313,12 +320,14 @@ class DecodeFastPath:
     @classmethod
     def build(cls, model: "CausalLM", backend: object) -> Optional["DecodeFastPath"]:
         """The path for this model and backend, or None where a gate fails (the module path serves all)."""
-        ew, attn = cpu_bf16.library(), cpu_decode.library()
+        dtype = model.dtype
+        ew, attn = cpu_rows.library(dtype), cpu_decode.library(dtype)
         if (ew is None or attn is None or not isinstance(backend, cpu_decode.CpuDecodeBackend)
-                or model.dtype != torch.bfloat16 or next(model.parameters()).device.type != "cpu"
+                or next(model.parameters()).device.type != "cpu"
                 or model.rotary is None or model.num_local_layers == 0 or not hasattr(model, "decode_plan")):
             return None
-        planner = DecodePlanner(model.cfg.hidden_size, ew, attn, int8.library())
+        planner = DecodePlanner(model.cfg.hidden_size, dtype, ew, attn,
+                                int8.library() if dtype == torch.bfloat16 else None)
         model.decode_plan(planner)
         return cls(model, planner)
 
@@ -336,10 +345,10 @@ class DecodeFastPath:
         x = (embed(input_ids) if embed is not None else hidden_in).contiguous()
         t, hidden = x.shape[0], self.hidden
         plan, slots = meta.decode, meta.slot_mapping
-        if (x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != hidden or slots.shape != (t,)
+        if (x.dtype != self.dtype or x.dim() != 2 or x.shape[1] != hidden or slots.shape != (t,)
                 or plan.group.token_end - plan.group.token_start != t or not slots.is_contiguous()):
-            raise ValueError(f"DecodeFastPath: a decode-only step of bf16 rows [{t}, {hidden}], one slot and one "
-                             f"sequence per token")
+            raise ValueError(f"DecodeFastPath: a decode-only step of {self.dtype} rows [{t}, {hidden}], one slot "
+                             f"and one sequence per token")
         step = DecodeStep(self, x, positions, plan, slots, kv_caches)
         for op in self.ops:
             op(step)

@@ -10,7 +10,7 @@ from torch import nn
 from actorserve.kernels.elementwise import add_rms_norm, rms_norm, rotary, silu_mul
 from actorserve.kernels.gemm import Int8Weight, PreparedWeight, int8, linear, prepacked
 from actorserve.kernels.gemm.gguf import GgufWeight, Segment
-from actorserve.kernels.gemm.rows_product import BF16, RowsProduct
+from actorserve.kernels.gemm.rows_product import ROWS, RowsProduct
 
 
 class Linear(nn.Linear):
@@ -45,12 +45,12 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias, self.packed)
 
-    def rows_product(self) -> RowsProduct:
-        """This linear's product in the decode plan: its weight kind's own where that gives one, else this
-        module's ``forward`` on bf16 rows."""
+    def rows_product(self, dtype: torch.dtype) -> RowsProduct:
+        """This linear's product in the decode plan of a ``dtype`` model: its weight kind's own where that
+        gives one, else this module's ``forward`` on rows of ``dtype``."""
         bind = getattr(self.packed, "rows_product", None)
-        product = bind(self.bias) if bind is not None else None
-        return product if product is not None else RowsProduct(BF16, self.forward, self.out_features)
+        product = bind(self.bias, dtype) if bind is not None else None
+        return product if product is not None else RowsProduct(ROWS, self.forward, self.out_features)
 
 
 class Embedding(nn.Embedding):

@@ -1,5 +1,5 @@
-"""The C paged decode kernel on its own: long sequences spread over shuffled blocks, several query-head
-group sizes and head dims, against fp64 attention of each sequence."""
+"""The C paged decode kernel on its own, in bf16 and fp32: long sequences spread over shuffled blocks,
+several query-head group sizes and head dims, against fp64 attention of each sequence."""
 import random
 
 import pytest
@@ -11,19 +11,19 @@ pytestmark = pytest.mark.skipif(not cpu_decode.available(),
                                 reason="needs a CPU with AVX2 and a C compiler")
 
 
-def make_case(lens, kvh, g, d, bs, seed=0):
+def make_case(lens, kvh, g, d, bs, seed=0, dtype=torch.bfloat16):
     rng = random.Random(seed)
     torch.manual_seed(seed)
     nb = sum(-(-n // bs) for n in lens) + 3
     free = list(range(nb))
     rng.shuffle(free)
-    k_cache = torch.randn(kvh, nb, bs, d).to(torch.bfloat16)  # unused slots hold noise, not zeros
-    v_cache = torch.randn(kvh, nb, bs, d).to(torch.bfloat16)
+    k_cache = torch.randn(kvh, nb, bs, d).to(dtype)  # unused slots hold noise, not zeros
+    v_cache = torch.randn(kvh, nb, bs, d).to(dtype)
     width = max(-(-n // bs) for n in lens) + 1
     tables = torch.full((len(lens), width), 10**6, dtype=torch.int64)  # padding past a table's end is never read
     for b, n in enumerate(lens):
         tables[b, :-(-n // bs)] = torch.tensor([free.pop() for _ in range(-(-n // bs))])
-    q = torch.randn(len(lens), kvh * g, d).to(torch.bfloat16)
+    q = torch.randn(len(lens), kvh * g, d).to(dtype)
     return q, k_cache, v_cache, tables, torch.tensor(lens, dtype=torch.int64)
 
 
@@ -41,16 +41,22 @@ def dense_ref(q, k_cache, v_cache, tables, lens, scale):
     return torch.stack(out)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("kvh,g,d,bs", [(3, 3, 64, 16), (1, 8, 128, 16), (2, 1, 32, 4), (2, 16, 256, 32)])
-def test_matches_fp64_attention(kvh, g, d, bs):
+def test_matches_fp64_attention(kvh, g, d, bs, dtype):
+    if not cpu_decode.available(dtype):
+        pytest.skip(f"no {dtype} build here")
     lens = [1, 2, 15, 16, 17, 33, 300, 129]
-    q, k_cache, v_cache, tables, seq_lens = make_case(lens, kvh, g, d, bs)
+    q, k_cache, v_cache, tables, seq_lens = make_case(lens, kvh, g, d, bs, dtype=dtype)
     scale = d ** -0.5
     out = cpu_decode.paged_decode(q, k_cache, v_cache, tables, seq_lens, scale)
     want = dense_ref(q, k_cache, v_cache, tables, seq_lens, scale)
-    assert out.dtype == torch.bfloat16 and out.shape == q.shape
-    # fp32 scores and accumulation: the only sizeable error is the final rounding to bf16 (2^-8 relative)
-    torch.testing.assert_close(out.double(), want, atol=1e-2, rtol=8e-3)
+    assert out.dtype == dtype and out.shape == q.shape
+    if dtype == torch.bfloat16:
+        # fp32 scores and accumulation: the only sizeable error is the final rounding to bf16 (2^-8 relative)
+        torch.testing.assert_close(out.double(), want, atol=1e-2, rtol=8e-3)
+    else:  # fp32 all through: the order of the sums and exp's last bit
+        torch.testing.assert_close(out.double(), want, atol=2e-6, rtol=1e-5)
 
 
 def test_strided_query_rows_are_read_in_place():
@@ -85,7 +91,8 @@ def test_rejects_what_it_cannot_read():
 
 def test_supports_is_the_shape_gate():
     assert cpu_decode.supports(torch.bfloat16, 9, 3, 64)
-    assert not cpu_decode.supports(torch.float32, 9, 3, 64)
+    assert cpu_decode.supports(torch.float32, 9, 3, 64) == cpu_decode.available(torch.float32)
+    assert not cpu_decode.supports(torch.float16, 9, 3, 64)  # no build for it
     assert not cpu_decode.supports(torch.bfloat16, 9, 3, 48)  # D % 32
     assert not cpu_decode.supports(torch.bfloat16, 34, 2, 64)  # 17 query heads per KV head
 
@@ -106,3 +113,19 @@ def test_write_kv_stores_strided_rows_at_their_slots():
     with pytest.raises(IndexError, match="outside the KV cache"):
         cpu_decode.write_kv(*ours, k, v, torch.cat([slots[:-1], torch.tensor([nb * bs])]))
     assert torch.equal(ours[0], before[0]) and torch.equal(ours[1], before[1])  # nothing half-written
+
+
+def test_fp32_writes_and_reads_its_own_cache():
+    """write_kv and paged_decode of the fp32 build: the rows land at their slots, and a query reads them."""
+    if not cpu_decode.available(torch.float32):
+        pytest.skip("no fp32 build here")
+    from actorserve.kernels.attention.torch_ref import write_kv_ref
+
+    kvh, nb, bs, d, t = 2, 6, 16, 64, 5
+    qkv = torch.randn(t, 8 * d)
+    k, v = qkv[:, 4 * d:6 * d].view(t, kvh, d), qkv[:, 6 * d:].view(t, kvh, d)
+    slots = torch.tensor([3, 17, 40, 41, 90])
+    caches = [torch.zeros(kvh, nb, bs, d) for _ in range(4)]
+    cpu_decode.write_kv(caches[0], caches[1], k, v, slots)
+    write_kv_ref(caches[2], caches[3], k, v, slots)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])

@@ -4,15 +4,16 @@ import pytest
 import torch
 
 from actorserve.kernels.attention import cpu_decode
-from actorserve.kernels.elementwise import cpu_bf16
-from actorserve.kernels.gemm import int8
+from actorserve.kernels.elementwise import cpu_rows
+from actorserve.kernels.gemm import GgufWeight, gguf, int8
 from actorserve.runtime.engine.batch import ScheduledChunk, SchedulerOutput
 from actorserve.runtime.model import loader
 from actorserve.runtime.model.decode_fast_path import DecodeFastPath
+from actorserve.runtime.model.layers import Linear
 from actorserve.runtime.model.runner import ModelRunner
 from tests.conftest import save_tiny_model
 
-pytestmark = pytest.mark.skipif(not (cpu_bf16.available() and cpu_decode.available()),
+pytestmark = pytest.mark.skipif(not (cpu_rows.available() and cpu_decode.available()),
                                 reason="needs a CPU with AVX2 and a C compiler")
 
 # head_dim 32, the smallest the decode kernel takes
@@ -23,21 +24,21 @@ def _model_dir(tmp_path, kind, **overrides):
     return save_tiny_model(kind, tmp_path / kind, seed=5, **{**SHAPE, **overrides})
 
 
-def _runner(directory, quantization=None, pp_rank=0, pp_size=1, fast_decode=True):
-    model = loader.load_model(str(directory), "bfloat16", skip_tokenizer=True, max_positions=256,
-                              pp_rank=pp_rank, pp_size=pp_size, quantization=quantization).model
-    return ModelRunner(model, num_blocks=64, block_size=16, fast_decode=fast_decode)
+def _runner(directory, quantization=None, pp_rank=0, pp_size=1, fast_decode=True, dtype="bfloat16", num_blocks=64):
+    model = loader.load_model(None if directory is None else str(directory), dtype, skip_tokenizer=True,
+                              max_positions=256, pp_rank=pp_rank, pp_size=pp_size, quantization=quantization).model
+    return ModelRunner(model, num_blocks=num_blocks, block_size=16, fast_decode=fast_decode)
 
 
-def _steps(prompt_lens, decode_steps, seed=0):
+def _steps(prompt_lens, decode_steps, seed=0, vocab=384):
     """A prefill step of every prompt, then decode steps of all of them with made-up next tokens."""
     gen = torch.Generator().manual_seed(seed)
-    tokens = [torch.randint(0, 384, (n,), generator=gen).tolist() for n in prompt_lens]
+    tokens = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in prompt_lens]
     blocks = [list(range(8 * i, 8 * i + 8)) for i in range(len(prompt_lens))]
     chunks = [ScheduledChunk(f"r{i}", t, 0, b, True) for i, (t, b) in enumerate(zip(tokens, blocks))]
     yield SchedulerOutput(0, [], chunks, [])
     for s in range(decode_steps):
-        nxt = torch.randint(0, 384, (len(prompt_lens),), generator=gen).tolist()
+        nxt = torch.randint(0, vocab, (len(prompt_lens),), generator=gen).tolist()
         chunks = [ScheduledChunk(f"r{i}", [nxt[i]], prompt_lens[i] + s, blocks[i], True)
                   for i in range(len(prompt_lens))]
         yield SchedulerOutput(1 + s, [], chunks, [])
@@ -47,7 +48,7 @@ def _compare(runner, prompt_lens=(3, 17, 40), decode_steps=4, hidden_in_of=None)
     """Run the steps; at every decode step the fast path's output must equal the module path's."""
     assert runner.fast_decode is not None
     compared = 0
-    for batch in _steps(prompt_lens, decode_steps):
+    for batch in _steps(prompt_lens, decode_steps, vocab=runner.model.cfg.vocab_size):
         inputs = runner.prepare_inputs(batch)
         hidden_in = None if hidden_in_of is None else hidden_in_of(inputs)
         with torch.inference_mode():
@@ -55,7 +56,7 @@ def _compare(runner, prompt_lens=(3, 17, 40), decode_steps=4, hidden_in_of=None)
                                  hidden_in)
         if runner.fast_decode.applies(inputs.meta):
             fast = runner.fast_decode(inputs.input_ids, inputs.positions, runner.kv_caches, inputs.meta, hidden_in)
-            assert fast.dtype == torch.bfloat16 and torch.equal(fast, eager)
+            assert fast.dtype == runner.model.dtype and torch.equal(fast, eager)
             compared += 1
     assert compared == decode_steps
 
@@ -65,9 +66,12 @@ def _compare(runner, prompt_lens=(3, 17, 40), decode_steps=4, hidden_in_of=None)
     ("qwen2", dict()),  # qkv bias
     ("qwen3", dict(head_dim=32)),  # q/k norms
 ])
-def test_fast_path_is_the_module_path(tmp_path, kind, overrides):
-    runner = _runner(_model_dir(tmp_path, kind, **overrides))
-    assert runner.fast_decode.kernels["product_bf16"] == 4 * SHAPE["num_hidden_layers"]
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_fast_path_is_the_module_path(tmp_path, kind, overrides, dtype):
+    if not cpu_decode.available(getattr(torch, dtype)):
+        pytest.skip(f"no {dtype} build of the kernels here")
+    runner = _runner(_model_dir(tmp_path, kind, **overrides), dtype=dtype)
+    assert runner.fast_decode.kernels["product_rows"] == 4 * SHAPE["num_hidden_layers"]
     assert not any(name in runner.fast_decode.kernels for name in ("product_int8", "quantize_rows_bf16"))
     _compare(runner)
 
@@ -81,9 +85,9 @@ def test_fast_path_is_the_module_path_with_int8_weights(tmp_path, kind, override
     if not int8.int_mm_available():
         pytest.skip("the int8 products run in int32 through torch here: the plan multiplies through the modules")
     layers, k = SHAPE["num_hidden_layers"], runner.fast_decode.kernels
-    assert k["product_int8"] == 4 * layers and k["product_bf16"] == 0
+    assert k["product_int8"] == 4 * layers and k["product_rows"] == 0
     assert k["dequant_add_norm_quantize_rows"] == 2 * layers - 1 and k["silu_mul_quantize_rows"] == layers
-    assert k["add_rms_norm_bf16"] == 1 and k["rms_norm_bf16"] == 1  # the final norm, the first
+    assert k["add_rms_norm"] == 1 and k["rms_norm"] == 1  # the final norm, the first
     _compare(runner)
 
 
@@ -106,19 +110,33 @@ def test_fast_path_is_the_module_path_with_mixed_weights(tmp_path, plain):
             _plain(getattr(layer.self_attn if name in ("qkv_proj", "o_proj") else layer.mlp, name))
     runner.fast_decode = DecodeFastPath.build(runner.model, runner.backend)
     k, layers = runner.fast_decode.kernels, SHAPE["num_hidden_layers"]
-    assert k["product_int8"] == 2 * layers and k["product_bf16"] == 2 * layers
+    assert k["product_int8"] == 2 * layers and k["product_rows"] == 2 * layers
     assert k["quantize_rows_bf16"] == 2 * layers and k["dequant_add_norm_quantize_rows"] == 0
     _compare(runner)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("pp_rank", [0, 1])
-def test_pipeline_stages(tmp_path, pp_rank):
+def test_pipeline_stages(tmp_path, pp_rank, dtype):
     """The first stage ends on the residual stream; the last takes hidden states and normalises."""
-    runner = _runner(_model_dir(tmp_path, "llama"), pp_rank=pp_rank, pp_size=2)
+    runner = _runner(_model_dir(tmp_path, "llama"), pp_rank=pp_rank, pp_size=2, dtype=dtype)
     gen = torch.Generator().manual_seed(1)
     hidden_in = None if pp_rank == 0 else (
-        lambda inputs: torch.randn(len(inputs.input_ids), 128, generator=gen).bfloat16())
+        lambda inputs: torch.randn(len(inputs.input_ids), 128, generator=gen).to(getattr(torch, dtype)))
     _compare(runner, hidden_in_of=hidden_in)
+
+
+@pytest.mark.skipif(not (gguf.available() and cpu_decode.available(torch.float32)),
+                    reason="needs the GGUF block kernels and the fp32 kernels")
+def test_the_default_gguf_model_in_fp32(tmp_path):
+    """The default model, its GGUF blocks held as stored (Q4_1 and Q8_0 segments, a tied Q8_0 head): every
+    product of the plan is the blocks' own, and the plan is the module path to the bit, alone and batched."""
+    runner = _runner(None, dtype="float32", num_blocks=80)
+    layers, k = runner.model.cfg.num_layers, runner.fast_decode.kernels
+    assert {type(m.packed) for m in runner.model.modules() if isinstance(m, Linear)} == {GgufWeight}
+    assert k["product_rows"] == 4 * layers and k["attention"] == layers and k["silu_mul"] == layers
+    _compare(runner, prompt_lens=(5,), decode_steps=3)
+    _compare(runner, prompt_lens=(3, 17, 40, 2, 9, 11, 30, 4, 6, 8), decode_steps=2)  # past MAX_ROWS
 
 
 def test_mixed_and_prefill_steps_take_the_module_path(tmp_path):
@@ -135,9 +153,11 @@ def test_mixed_and_prefill_steps_take_the_module_path(tmp_path):
 def test_gates(tmp_path):
     directory = _model_dir(tmp_path, "llama")
     assert _runner(directory, fast_decode=False).fast_decode is None  # enforce_eager
+    assert _runner(directory, fast_decode=False, dtype="float32").fast_decode is None
+    fp16 = loader.load_model(str(directory), "float16", skip_tokenizer=True, max_positions=256).model
+    assert ModelRunner(fp16, num_blocks=8, block_size=16).fast_decode is None  # no fp16 build of the kernels
     fp32 = loader.load_model(str(directory), "float32", skip_tokenizer=True, max_positions=256).model
-    assert ModelRunner(fp32, num_blocks=8, block_size=16).fast_decode is None
-    assert DecodeFastPath.build(fp32, object()) is None
+    assert DecodeFastPath.build(fp32, object()) is None  # another attention backend
 
 
 def test_engine_tokens_do_not_depend_on_the_path(tmp_path):

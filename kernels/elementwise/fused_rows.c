@@ -1,12 +1,14 @@
-/* Fused bf16 row operations of a decoder layer, each one pass over its rows instead of four to six torch
- * operators (and as many dispatches, which dominate at decode batch sizes). Every intermediate is rounded
- * to bf16 where torch's bf16 sequence rounds it, so results match that sequence up to the last bit of exp
- * and of the order of a row's sum of squares:
- *   rms_norm:     y = bf16(w * bf16(x * rsqrt(mean(x^2) + eps)))       (x, mean, rsqrt in fp32)
- *   add_rms_norm: h = bf16(x + d); y = rms_norm(h)                      (h is written back too)
- *   silu_mul:     y = bf16(bf16(silu(g)) * u) for gate_up rows [g | u]
+/* Fused row operations of a decoder layer, each one pass over its rows instead of four to six torch
+ * operators (and as many dispatches, which dominate at decode batch sizes). Rows are of the element type
+ * (bf16, or fp32: ../simd.h's ``elem``); arithmetic is fp32, and every intermediate is rounded to the
+ * element type where torch's sequence in that dtype rounds it (e() below; nothing in fp32), so results
+ * match that sequence up to the last bit of exp and of the order of a row's sum of squares:
+ *   rms_norm:     y = e(w * e(x * rsqrt(mean(x^2) + eps)))       (x, mean, rsqrt in fp32)
+ *   add_rms_norm: h = e(x + d); y = rms_norm(h)                   (h is written back too)
+ *   silu_mul:     y = e(e(silu(g)) * u) for gate_up rows [g | u]
  *   argmax:       torch.argmax of each row (the greedy sampler's, without widening the logits to fp32)
- * Written against the vector layer (../simd.h), built once per ISA; the caller checks the CPU.
+ * Written against the vector layer (../simd.h), built once per ISA and element type; the caller checks
+ * the CPU. Each function's exported name carries the element type (rms_norm_bf16, rms_norm_f32, ...).
  */
 #include <math.h>
 #include <omp.h>
@@ -16,8 +18,7 @@
 #define PAR_MIN_ELEMS 65536 /* below this one thread does the rows: a parallel region costs more */
 
 /* x, y [rows, n]; d and h (both or neither) [rows, n]: h = x + d, normalised into y. */
-void rms_norm_bf16(const uint16_t *x, const uint16_t *d, uint16_t *h, const uint16_t *w, uint16_t *y,
-                   int64_t rows, int64_t n, float eps, int threads) {
+void ELEM(rms_norm)(const elem *x, const elem *d, elem *h, const elem *w, elem *y, int64_t rows, int64_t n, float eps, int threads) {
     if (rows * n < PAR_MIN_ELEMS || threads < 2) {
         for (int64_t r = 0; r < rows; r++)
             norm_row(x + r * n, d ? d + r * n : 0, d ? h + r * n : 0, w, y + r * n, n, eps);
@@ -28,15 +29,15 @@ void rms_norm_bf16(const uint16_t *x, const uint16_t *d, uint16_t *h, const uint
         norm_row(x + r * n, d ? d + r * n : 0, d ? h + r * n : 0, w, y + r * n, n, eps);
 }
 
-static void silu_mul_row(const uint16_t *gu, uint16_t *y, int64_t n) {
+static void silu_mul_row(const elem *gu, elem *y, int64_t n) {
     for (int64_t i = 0; i < n; i += VL) {
         const vcount m = vtail(n, i);
-        vstore_bf16_n(y + i, vmul(vsilu_bf16(vload_bf16_n(gu + i, m)), vload_bf16_n(gu + n + i, m)), m);
+        vstore_e_n(y + i, vmul(vsilu_e(vload_e_n(gu + i, m)), vload_e_n(gu + n + i, m)), m);
     }
 }
 
 /* gu [rows, 2n] (gate then up), y [rows, n]. */
-void silu_mul_bf16(const uint16_t *gu, uint16_t *y, int64_t rows, int64_t n, int threads) {
+void ELEM(silu_mul)(const elem *gu, elem *y, int64_t rows, int64_t n, int threads) {
     if (rows * n < PAR_MIN_ELEMS || threads < 2) {
         for (int64_t r = 0; r < rows; r++) silu_mul_row(gu + r * 2 * n, y + r * n, n);
         return;
@@ -47,31 +48,31 @@ void silu_mul_bf16(const uint16_t *gu, uint16_t *y, int64_t rows, int64_t n, int
 
 /* Rotate-half rotary embedding of rows [T, heads, D] read with a row stride (the q and k columns of a
  * fused qkv output), into out [T, heads, D] contiguous; cos and sin_signed are [T, D] (sin's first half
- * negated): out = bf16(bf16(x * cos) + bf16(roll(x, D/2) * sin_signed)), torch's rounding sequence. */
-void rotary_bf16(const uint16_t *x, int64_t row_stride, const uint16_t *cos, const uint16_t *sin, uint16_t *out,
+ * negated): out = e(e(x * cos) + e(roll(x, D/2) * sin_signed)), torch's rounding sequence. */
+void ELEM(rotary)(const elem *x, int64_t row_stride, const elem *cos, const elem *sin, elem *out,
                  int64_t T, int64_t heads, int64_t D, int threads) {
     const int64_t half = D / 2;
 #pragma omp parallel for num_threads(T * heads * D >= PAR_MIN_ELEMS && threads > 1 ? threads : 1) schedule(static)
     for (int64_t t = 0; t < T; t++) {
-        const uint16_t *c = cos + t * D, *s = sin + t * D;
+        const elem *c = cos + t * D, *s = sin + t * D;
         for (int64_t h = 0; h < heads; h++) {
-            const uint16_t *xr = x + t * row_stride + h * D;
-            uint16_t *o = out + (t * heads + h) * D;
+            const elem *xr = x + t * row_stride + h * D;
+            elem *o = out + (t * heads + h) * D;
             for (int64_t i = 0; i < D; i += VL) {
                 const vcount m = vtail(D, i);
                 /* roll(x, D/2)[i] = x[(i + D/2) mod D]: the other half, read in two pieces where a vector
                  * straddles the middle (only when half is not a multiple of VL) */
                 vf rolled;
                 if (i + VL <= half || i >= half) {
-                    rolled = vload_bf16_n(xr + (i < half ? i + half : i - half), m);
+                    rolled = vload_e_n(xr + (i < half ? i + half : i - half), m);
                 } else {
                     float tmp[VL];
-                    for (int e = 0; e < VL && i + e < D; e++) tmp[e] = from_bf16(xr[(i + e + half) % D]);
+                    for (int e = 0; e < VL && i + e < D; e++) tmp[e] = from_e(xr[(i + e + half) % D]);
                     rolled = vload_n(tmp, m);
                 }
-                const vf a = vround_bf16(vmul(vload_bf16_n(xr + i, m), vload_bf16_n(c + i, m)));
-                const vf b = vround_bf16(vmul(rolled, vload_bf16_n(s + i, m)));
-                vstore_bf16_n(o + i, vadd(a, b), m);
+                const vf a = vround_e(vmul(vload_e_n(xr + i, m), vload_e_n(c + i, m)));
+                const vf b = vround_e(vmul(rolled, vload_e_n(s + i, m)));
+                vstore_e_n(o + i, vadd(a, b), m);
             }
         }
     }
@@ -80,17 +81,17 @@ void rotary_bf16(const uint16_t *x, int64_t row_stride, const uint16_t *cos, con
 /* First index of a row's largest value, as torch.argmax: a NaN counts as the largest (its first one wins),
  * and among equal values (0.0 and -0.0 too) the first index wins. Widening bf16 is exact and keeps order.
  * Lane indices are held as floats, exact below 2^24; a longer row is scanned one value at a time. */
-static int64_t argmax_scalar(const uint16_t *x, int64_t n) {
+static int64_t argmax_scalar(const elem *x, int64_t n) {
     int64_t at = 0;
     for (int64_t i = 0; i < n; i++) {
-        const float v = from_bf16(x[i]);
+        const float v = from_e(x[i]);
         if (v != v) return i;
-        if (v > from_bf16(x[at])) at = i;
+        if (v > from_e(x[at])) at = i;
     }
     return at;
 }
 
-static int64_t argmax_row(const uint16_t *x, int64_t n) {
+static int64_t argmax_row(const elem *x, int64_t n) {
     if (n >= (1 << 24)) return argmax_scalar(x, n);
     vf best = vset1(-INFINITY), best_i = vset1(-1.0f), idx = viota();
     const vf none = vset1(-1.0f), step = vset1((float)VL);
@@ -98,7 +99,7 @@ static int64_t argmax_row(const uint16_t *x, int64_t n) {
     for (int64_t i = 0; i < n; i += VL) {
         const vcount c = vtail(n, i);
         const vbool in = vfirst(c);
-        const vf v = vload_bf16_n(x + i, c);
+        const vf v = vload_e_n(x + i, c);
         nan = vor(nan, vand(in, visnan(v)));
         /* strictly greater, or the first -inf of a lane (best_i still -1): each lane keeps its first max */
         const vbool take = vand(in, vor(vgt(v, best), veq(best_i, none)));
@@ -122,7 +123,7 @@ static int64_t argmax_row(const uint16_t *x, int64_t n) {
 }
 
 /* x [rows, n] -> out [rows] int64. */
-void argmax_bf16(const uint16_t *x, int64_t *out, int64_t rows, int64_t n, int threads) {
+void ELEM(argmax)(const elem *x, int64_t *out, int64_t rows, int64_t n, int threads) {
 #pragma omp parallel for num_threads(rows * n >= PAR_MIN_ELEMS && threads > 1 ? threads : 1) schedule(static)
     for (int64_t r = 0; r < rows; r++) out[r] = argmax_row(x + r * n, n);
 }

@@ -1,10 +1,10 @@
-/* Decode attention over the paged bf16 KV cache, read in place (no gather), written against the vector
- * layer (../simd.h) and built once per ISA.
+/* Decode attention over the paged KV cache, read in place (no gather), written against the vector layer
+ * (../simd.h) and built once per ISA and element type (bf16 or fp32 q, caches and out: ``elem``).
  *
  * One query token per sequence. q and out are [B, H, D]; the caches are [KVH, num_blocks, block_size, D]
  * (the torch backend's layout); block_tables is [B, table_stride] int64, seq_lens [B] int64. Each work
  * item is one (sequence, KV head): its G = H / KVH query heads read every key and value row once. Scores,
- * softmax and the weighted sum of values are fp32; the output is rounded to bf16 once. D % 32 == 0.
+ * softmax and the weighted sum of values are fp32; the output is rounded to the element type once. D % 32 == 0.
  */
 #include <math.h>
 #include <omp.h>
@@ -21,8 +21,8 @@
 #ifndef AHEAD
 #define AHEAD 2 /* blocks fetched ahead of the one being read */
 #endif
-static inline void prefetch_block(const uint16_t *p, int64_t elems) {
-    for (int64_t i = 0; i < elems; i += 32) _mm_prefetch((const char *)(p + i), _MM_HINT_T0);
+static inline void prefetch_block(const elem *p, int64_t elems) {
+    for (int64_t i = 0; i < elems; i += 64 / (int64_t)sizeof(elem)) _mm_prefetch((const char *)(p + i), _MM_HINT_T0);
 }
 
 /* One (sequence, KV head). Inlined into clones with G and D constant (``one_fixed``), so that the loops
@@ -31,15 +31,15 @@ static inline void prefetch_block(const uint16_t *p, int64_t elems) {
  * machine's memory bandwidth. Pass 1 keeps VL partial sums of one head at a time; pass 2 tiles the heads
  * by 4 and the columns by 4 vectors, at most 16 accumulators, re-reading a tile's value rows from cache. */
 static inline __attribute__((always_inline)) void one_impl(
-        const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, const int64_t *table, int64_t len,
-        uint16_t *out, const int64_t G, int64_t NB, int64_t BS, const int64_t D, int64_t kvh, float scale,
+        const elem *q, const elem *k_cache, const elem *v_cache, const int64_t *table, int64_t len,
+        elem *out, const int64_t G, int64_t NB, int64_t BS, const int64_t D, int64_t kvh, float scale,
         float *scores /* [G, len rounded up to 16] */) {
     const int64_t stride = (len + 15) / 16 * 16;
     const int64_t head_base = kvh * NB * BS * D;
     /* pass 1: scores[g, t] = scale * q_g . k_t, VL keys at a time (one horizontal reduction per VL) */
     const vf vscale = vset1(scale);
     for (int64_t t0 = 0; t0 < len; t0 += BS) {
-        const uint16_t *kb = k_cache + head_base + table[t0 / BS] * BS * D;
+        const elem *kb = k_cache + head_base + table[t0 / BS] * BS * D;
         const int64_t n = len - t0 < BS ? len - t0 : BS;
         /* the value rows are fetched beside the keys, so that pass 2 reads them from cache */
         if (t0 == 0) {
@@ -56,13 +56,13 @@ static inline __attribute__((always_inline)) void one_impl(
         for (int64_t i0 = 0; i0 < n; i0 += VL) {
             const vcount m = vtail(n, i0);
             for (int64_t g = 0; g < G; g++) {
-                const uint16_t *qg = q + g * D;
+                const elem *qg = q + g * D;
                 vf part[VL];
                 for (int64_t j = 0; j < VL; j++) {
                     vf acc = vzero();
                     if (j < m) {
-                        const uint16_t *kr = kb + (i0 + j) * D;
-                        for (int64_t d = 0; d < D; d += VDOT) acc = vdot_bf16(acc, qg + d, kr + d);
+                        const elem *kr = kb + (i0 + j) * D;
+                        for (int64_t d = 0; d < D; d += VDOT_E) acc = vdot_e(acc, qg + d, kr + d);
                     }
                     part[j] = acc;
                 }
@@ -95,14 +95,14 @@ static inline __attribute__((always_inline)) void one_impl(
             for (int64_t g = 0; g < 4; g++)
                 for (int64_t j = 0; j < 4; j++) acc[g][j] = vzero();
             for (int64_t t0 = 0; t0 < len; t0 += BS) {
-                const uint16_t *vb = v_cache + head_base + table[t0 / BS] * BS * D + c0;
+                const elem *vb = v_cache + head_base + table[t0 / BS] * BS * D + c0;
                 const int64_t n = len - t0 < BS ? len - t0 : BS;
                 const float *p = scores + g0 * stride + t0;
                 for (int64_t i = 0; i < n; i++) {
-                    const uint16_t *vr = vb + i * D;
+                    const elem *vr = vb + i * D;
                     for (int64_t j = 0; j < 4; j++) {
                         if (j >= ct) break;
-                        const vf v = vload_bf16(vr + j * VL);
+                        const vf v = vload_e(vr + j * VL);
                         for (int64_t g = 0; g < 4; g++) {
                             if (g >= gt) break;
                             acc[g][j] = vfmadd(vset1(p[g * stride + i]), v, acc[g][j]);
@@ -114,15 +114,15 @@ static inline __attribute__((always_inline)) void one_impl(
                 for (int64_t j = 0; j < ct; j++) {
                     float tmp[VL];
                     vstore(tmp, acc[g][j]);
-                    for (int e = 0; e < VL; e++) out[(g0 + g) * D + c0 + j * VL + e] = to_bf16(tmp[e]);
+                    for (int e = 0; e < VL; e++) out[(g0 + g) * D + c0 + j * VL + e] = to_e(tmp[e]);
                 }
         }
     }
 }
 
 #define ONE_FIXED(g, d)                                                                                       \
-    static void one_g##g##_d##d(const uint16_t *q, const uint16_t *kc, const uint16_t *vc, const int64_t *tb,  \
-                                int64_t len, uint16_t *out, int64_t NB, int64_t BS, int64_t kvh, float scale,  \
+    static void one_g##g##_d##d(const elem *q, const elem *kc, const elem *vc, const int64_t *tb,              \
+                                int64_t len, elem *out, int64_t NB, int64_t BS, int64_t kvh, float scale,  \
                                 float *scores) {                                                              \
         one_impl(q, kc, vc, tb, len, out, g, NB, BS, d, kvh, scale, scores);                                   \
     }
@@ -131,7 +131,7 @@ ONE_FIXED(7, 64) ONE_FIXED(8, 64)
 ONE_FIXED(1, 128) ONE_FIXED(2, 128) ONE_FIXED(3, 128) ONE_FIXED(4, 128) ONE_FIXED(5, 128) ONE_FIXED(6, 128)
 ONE_FIXED(7, 128) ONE_FIXED(8, 128)
 
-typedef void (*one_fn)(const uint16_t *, const uint16_t *, const uint16_t *, const int64_t *, int64_t, uint16_t *,
+typedef void (*one_fn)(const elem *, const elem *, const elem *, const int64_t *, int64_t, elem *,
                        int64_t, int64_t, int64_t, float, float *);
 
 /* The clone for (G, D), or 0: those shapes take the generic body. */
@@ -144,8 +144,8 @@ static one_fn one_fixed(int64_t G, int64_t D) {
     return D == 64 ? d64[G - 1] : D == 128 ? d128[G - 1] : 0;
 }
 
-static void one(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, const int64_t *table,
-                int64_t len, uint16_t *out, int64_t G, int64_t NB, int64_t BS, int64_t D, int64_t kvh,
+static void one(const elem *q, const elem *k_cache, const elem *v_cache, const int64_t *table,
+                int64_t len, elem *out, int64_t G, int64_t NB, int64_t BS, int64_t D, int64_t kvh,
                 float scale, float *scores) {
     one_impl(q, k_cache, v_cache, table, len, out, G, NB, BS, D, kvh, scale, scores);
 }
@@ -156,9 +156,9 @@ static void one(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_ca
  * NULL): several query rows may share a sequence, each with its own length, which makes a prefill chunk's
  * causal attention (its K/V written to the cache first). Returns 0, or -1 where the shapes are outside
  * what this kernel takes (the caller checks first). */
-int paged_decode_bf16(const uint16_t *q, int64_t q_row_stride, const uint16_t *k_cache, const uint16_t *v_cache,
-                      const int64_t *block_tables, int64_t table_stride, const int64_t *row_seq,
-                      const int64_t *seq_lens, uint16_t *out,
+int ELEM(paged_decode)(const elem *q, int64_t q_row_stride, const elem *k_cache, const elem *v_cache,
+                       const int64_t *block_tables, int64_t table_stride, const int64_t *row_seq,
+                       const int64_t *seq_lens, elem *out,
                       int64_t B, int64_t H, int64_t KVH, int64_t NB, int64_t BS, int64_t D, float scale,
                       int threads) {
     const int64_t G = H / KVH;
@@ -206,16 +206,16 @@ int paged_decode_bf16(const uint16_t *q, int64_t q_row_stride, const uint16_t *k
 /* Store the step's new K and V rows [T, KVH, D] (rows strided, heads contiguous: columns of a fused qkv
  * output) at their slots of the caches [KVH, slots_per_head, D]. Every slot is checked before anything is
  * written; returns -1 (nothing written) where one is out of range. */
-int write_kv_bf16(const uint16_t *k, int64_t k_row_stride, const uint16_t *v, int64_t v_row_stride,
-                  const int64_t *slots, int64_t T, int64_t KVH, int64_t D, uint16_t *k_cache, uint16_t *v_cache,
+int ELEM(write_kv)(const elem *k, int64_t k_row_stride, const elem *v, int64_t v_row_stride,
+                   const int64_t *slots, int64_t T, int64_t KVH, int64_t D, elem *k_cache, elem *v_cache,
                   int64_t slots_per_head) {
     for (int64_t t = 0; t < T; t++)
         if (slots[t] < 0 || slots[t] >= slots_per_head) return -1;
     for (int64_t t = 0; t < T; t++)
         for (int64_t h = 0; h < KVH; h++) {
             const int64_t at = (h * slots_per_head + slots[t]) * D;
-            memcpy(k_cache + at, k + t * k_row_stride + h * D, (size_t)D * 2);
-            memcpy(v_cache + at, v + t * v_row_stride + h * D, (size_t)D * 2);
+            memcpy(k_cache + at, k + t * k_row_stride + h * D, (size_t)D * sizeof(elem));
+            memcpy(v_cache + at, v + t * v_row_stride + h * D, (size_t)D * sizeof(elem));
         }
     return 0;
 }

@@ -1,12 +1,13 @@
-"""The fused bf16 row kernels against torch's bf16 sequences (the references), which they match bit for
-bit on these inputs; row by row, so a row's result does not depend on the batch around it."""
+"""The fused row kernels against torch's sequences (the references): in bf16 they match bit for bit on
+these inputs, in fp32 up to the order of a norm's sum and exp's last bit (rotary exactly); row by row,
+so a row's result does not depend on the batch around it."""
 import pytest
 import torch
 
-from actorserve.kernels.elementwise import (add_rms_norm, cpu_bf16, rms_norm, rms_norm_ref, rotary, rotary_ref, silu_mul,
+from actorserve.kernels.elementwise import (add_rms_norm, cpu_rows, rms_norm, rms_norm_ref, rotary, rotary_ref, silu_mul,
                                  silu_mul_ref)
 
-pytestmark = pytest.mark.skipif(not cpu_bf16.available(), reason="needs a CPU with AVX2 and a C compiler")
+pytestmark = pytest.mark.skipif(not cpu_rows.available(), reason="needs a CPU with AVX2 and a C compiler")
 
 SHAPES = [(1, 576), (3, 100), (7, 17), (300, 576), (2048, 64)]  # tails of the 16-lane loops; both thread paths
 
@@ -22,8 +23,8 @@ def inputs(rows, n, seed=0):
 @pytest.mark.parametrize("rows,n", SHAPES)
 def test_rms_norm_matches_torch(rows, n):
     x, d, w = inputs(rows, n)
-    assert torch.equal(cpu_bf16.rms_norm(x, w, 1e-5), rms_norm_ref(x, w, 1e-5))
-    h, y = cpu_bf16.add_rms_norm(x, d, w, 1e-6)
+    assert torch.equal(cpu_rows.rms_norm(x, w, 1e-5), rms_norm_ref(x, w, 1e-5))
+    h, y = cpu_rows.add_rms_norm(x, d, w, 1e-6)
     assert torch.equal(h, x + d)
     assert torch.equal(y, rms_norm_ref(x + d, w, 1e-6))
 
@@ -32,12 +33,12 @@ def test_rms_norm_matches_torch(rows, n):
 def test_silu_mul_matches_torch(rows, n):
     gu = (torch.randn(rows, 2 * n, generator=torch.Generator().manual_seed(1)) * 4).bfloat16()
     gu[0, :3] = torch.tensor([-100.0, 100.0, 0.0])  # exp's clamps
-    assert torch.equal(cpu_bf16.silu_mul(gu), silu_mul_ref(gu))
+    assert torch.equal(cpu_rows.silu_mul(gu), silu_mul_ref(gu))
 
 
 def test_a_row_is_the_same_alone_as_in_a_batch():
     x, d, w = inputs(400, 576, seed=2)
-    assert torch.equal(cpu_bf16.add_rms_norm(x, d, w, 1e-5)[1][-1:], cpu_bf16.add_rms_norm(x[-1:], d[-1:], w, 1e-5)[1])
+    assert torch.equal(cpu_rows.add_rms_norm(x, d, w, 1e-5)[1][-1:], cpu_rows.add_rms_norm(x[-1:], d[-1:], w, 1e-5)[1])
 
 
 def test_leading_dims_dispatch_and_errors():
@@ -45,14 +46,30 @@ def test_leading_dims_dispatch_and_errors():
     x3 = x.view(2, 3, 64)
     assert torch.equal(rms_norm(x3, w, 1e-5), rms_norm_ref(x3, w, 1e-5))
     assert torch.equal(silu_mul(x3), silu_mul_ref(x3))
-    xf, wf = x.float(), w.float()  # fp32 takes the torch path
-    assert torch.equal(rms_norm(xf, wf, 1e-5), rms_norm_ref(xf, wf, 1e-5))
-    h, y = add_rms_norm(xf, d.float(), wf, 1e-5)
-    assert torch.equal(y, rms_norm_ref(xf + d.float(), wf, 1e-5))
+    assert torch.equal(rms_norm(x.half(), w.half(), 1e-5), rms_norm_ref(x.half(), w.half(), 1e-5))  # torch's
     with pytest.raises(ValueError, match="weight of shape"):
-        cpu_bf16.rms_norm(x, w[:10], 1e-5)
+        cpu_rows.rms_norm(x, w[:10], 1e-5)
     with pytest.raises(ValueError, match="even last dimension"):
-        cpu_bf16.silu_mul(x[:, :5])
+        cpu_rows.silu_mul(x[:, :5])
+
+
+needs_fp32 = pytest.mark.skipif(not cpu_rows.available(torch.float32), reason="no fp32 build here")
+
+
+@needs_fp32
+@pytest.mark.parametrize("rows,n", SHAPES)
+def test_fp32_rows_match_torch_to_rounding(rows, n):
+    x, d, w = (t.float() for t in inputs(rows, n, seed=5))
+    x = x + torch.randn(rows, n, generator=torch.Generator().manual_seed(6)) * 1e-3  # not bf16 values
+    tight = dict(rtol=2e-6, atol=1e-6)
+    torch.testing.assert_close(cpu_rows.rms_norm(x, w, 1e-5), rms_norm_ref(x, w, 1e-5), **tight)
+    h, y = cpu_rows.add_rms_norm(x, d, w, 1e-6)
+    assert torch.equal(h, x + d)
+    torch.testing.assert_close(y, rms_norm_ref(x + d, w, 1e-6), **tight)
+    gu = torch.cat([x * 4, d], dim=1)
+    gu[0, :3] = torch.tensor([-100.0, 100.0, 0.0])
+    torch.testing.assert_close(cpu_rows.silu_mul(gu), silu_mul_ref(gu), **tight)
+    assert torch.equal(rms_norm(x, w, 1e-5), cpu_rows.rms_norm(x, w, 1e-5))  # the module path takes it
 
 
 @pytest.mark.parametrize("t,heads,d", [(1, 12, 64), (5, 4, 48), (300, 12, 64), (3, 2, 40), (2, 2, 128)])
@@ -63,16 +80,17 @@ def test_rotary_matches_torch_on_strided_rows(t, heads, d):
     qkv = torch.randn(t, (heads + 3) * d, generator=g).bfloat16()
     x = qkv[:, :heads * d].view(t, heads, d)
     table = (torch.randn(t, 1, d, generator=g).bfloat16(), torch.randn(t, 1, d, generator=g).bfloat16())
-    assert cpu_bf16.rotary_applies(x, *table)
+    assert cpu_rows.rotary_applies(x, *table)
     assert torch.equal(rotary(x, table), rotary_ref(x, table))
-    assert torch.equal(rotary(x.float(), tuple(c.float() for c in table)),
-                       rotary_ref(x.float(), tuple(c.float() for c in table)))  # fp32: the torch path
+    xf, tf = x.float(), tuple(c.float() for c in table)
+    assert cpu_rows.rotary_applies(xf, *tf) == cpu_rows.available(torch.float32)
+    assert torch.equal(rotary(xf, tf), rotary_ref(xf, tf))  # two products and a sum, rounded as torch does
 
 
 @pytest.mark.parametrize("rows,n", [(1, 1), (4, 15), (4, 16), (5, 17), (256, 49152)])
 def test_argmax_matches_torch(rows, n):
     x = torch.randint(-3, 3, (rows, n), generator=torch.Generator().manual_seed(3)).bfloat16()  # many ties
-    assert torch.equal(cpu_bf16.argmax(x), x.argmax(dim=-1))
+    assert torch.equal(cpu_rows.argmax(x), x.argmax(dim=-1))
 
 
 def test_argmax_edge_values_match_torch():
@@ -83,4 +101,4 @@ def test_argmax_edge_values_match_torch():
     x[3, 20] = float("inf")
     x[4], x[4, 36] = float("-inf"), -1e30  # the maximum in the tail of the last vector
     x[5, 33] = 100.0
-    assert cpu_bf16.argmax(x).tolist() == x.argmax(dim=-1).tolist() == [0, 5, 0, 20, 36, 33] + x[6:].argmax(-1).tolist()
+    assert cpu_rows.argmax(x).tolist() == x.argmax(dim=-1).tolist() == [0, 5, 0, 20, 36, 33] + x[6:].argmax(-1).tolist()
