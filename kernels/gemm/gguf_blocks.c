@@ -137,15 +137,34 @@ static inline __attribute__((always_inline)) void decode(int type, const uint8_t
 }
 
 /* Rows [n0, n1) of y[m, n] = x[m, :] . w[n, :] (+ bias[n]) for M (at most MAX_ROWS) rows of x. Inlined
- * into clones with M constant (``rows_m``), so that the accumulators live in registers. Each row keeps
- * two sets of SUB / VL accumulators, for even and odd sub-blocks: one chain of multiply-adds waited on
- * the latency of the one before it. */
+ * into clones with M constant (``ROWS_TM``), so that the accumulators live in registers.
+ *   M < 4: each row keeps two sets of SUB / VL accumulators, for even and odd sub-blocks: with one chain,
+ *       each multiply-add waited on the latency of the one before it.
+ *   M >= 4: the rows' chains are enough, one accumulator a row; with 32 registers (VL 16) two weight rows
+ *       are decoded at a time, so that each load of x feeds two multiply-adds (one load a multiply-add
+ *       bounded the pass). A last odd row takes the M < 4 loop. */
 static inline __attribute__((always_inline)) void rows_impl(
         int type, const float *x, const int64_t M, const uint8_t *w, const float *bias, float *y, int64_t ldy,
         int64_t K, int64_t n0, int64_t n1) {
     const int64_t qk = block_values(type), per = qk / SUB, subs = K / SUB, bytes = block_bytes(type);
-    const int64_t row_bytes = K / qk * bytes;
-    for (int64_t n = n0; n < n1; n++) {
+    const int64_t row_bytes = K / qk * bytes, NB = VL == 16 && M >= 6 ? 2 : 1;
+    int64_t n = n0;
+    for (; M >= 6 && n + NB <= n1; n += NB) {
+        vf acc[MAX_ROWS][2];
+        for (int64_t m = 0; m < M; m++) acc[m][0] = acc[m][1] = vzero();
+        for (int64_t sb = 0; sb < subs; sb++) {
+            vf wv[2][SUB / VL];
+            for (int64_t j = 0; j < NB; j++) decode(type, w + (n + j) * row_bytes + sb / per * bytes, (int)(sb % per), wv[j]);
+            for (int64_t m = 0; m < M; m++)
+                for (int i = 0; i < SUB / VL; i++) {
+                    const vf xv = vload(x + m * K + sb * SUB + i * VL);
+                    for (int64_t j = 0; j < NB; j++) acc[m][j] = vfmadd(xv, wv[j][i], acc[m][j]);
+                }
+        }
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t j = 0; j < NB; j++) y[m * ldy + n + j] = vsum(acc[m][j]) + (bias ? bias[n + j] : 0.0f);
+    }
+    for (; n < n1; n++) {
         const uint8_t *wr = w + n * row_bytes;
         vf acc[MAX_ROWS][2][SUB / VL];
         for (int64_t m = 0; m < M; m++)
