@@ -50,8 +50,13 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1]).contiguous()
 
 
+def profile_name(op: str, dtype: torch.dtype) -> str:
+    """The name the profiler records an operation on rows of ``dtype`` under."""
+    return f"actorserve::{op}_{'bf16' if dtype == torch.bfloat16 else 'f32'}"
+
+
 def _name(op: str, x: torch.Tensor) -> str:
-    return f"actorserve::{op}_{'bf16' if x.dtype == torch.bfloat16 else 'f32'}"
+    return profile_name(op, x.dtype)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

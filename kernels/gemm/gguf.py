@@ -126,36 +126,28 @@ class GgufWeight:
 
     def rows_product(self, bias: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[RowsProduct]:
         """``apply`` for the decode plan of an fp32 model (None for another dtype): up to MAX_ROWS rows (its
-        own contiguous fp32) go straight to the kernel, one call per segment with the arguments bound
-        once; more rows through ``apply``."""
+        own contiguous fp32) go straight to the kernel, more through ``apply``."""
         if dtype != torch.float32:
             return None
         bias = None if bias is None else bias.float().contiguous()
-        lib, n, k = _lib(), self.out_features, self.in_features
-        calls = [(TYPES[s.type_name][0], s.blocks.data_ptr(), None if bias is None else bias[s.start].data_ptr(),
-                  s.start * 4, s.rows) for s in self.segments]
-        keep = (bias, self.segments)  # the pointers' owners, alive as long as the plan is
 
         def run(rows: torch.Tensor) -> torch.Tensor:
-            t = rows.shape[0]
-            if t > MAX_ROWS:
-                return self.apply(rows, keep[0])
-            out = torch.empty(t, n, dtype=torch.float32)
-            x_p, out_p, threads = rows.data_ptr(), out.data_ptr(), torch.get_num_threads()
-            for type_id, blocks_p, bias_p, offset, seg_rows in calls:
-                if call("actorserve::gguf_linear_f32", lib.gguf_linear_f32, type_id, x_p, t, blocks_p, bias_p,
-                        out_p + offset, n, seg_rows, k, threads) != 0:
-                    raise RuntimeError(f"gguf_linear_f32 refused [{seg_rows}, {k}]")
+            if rows.shape[0] > MAX_ROWS:
+                return self.apply(rows, bias)
+            out = torch.empty(rows.shape[0], self.out_features, dtype=torch.float32)
+            self._product(rows, bias, out)
             return out
-        return RowsProduct(ROWS, run, n)
+        return RowsProduct(ROWS, run, self.out_features)
 
     def _product(self, rows: torch.Tensor, bias: Optional[torch.Tensor], out: torch.Tensor) -> None:
-        """At most MAX_ROWS rows, straight from the blocks."""
-        lib, threads = _lib(), torch.get_num_threads()
+        """At most MAX_ROWS contiguous rows, straight from the blocks, into contiguous rows of ``out``; a
+        segment's bias and output columns by pointer offset, not by views."""
+        lib, threads, t = _lib(), torch.get_num_threads(), rows.shape[0]
+        x_p, out_p, bias_p = rows.data_ptr(), out.data_ptr(), None if bias is None else bias.data_ptr()
         for s in self.segments:
-            rc = call("actorserve::gguf_linear_f32", lib.gguf_linear_f32, TYPES[s.type_name][0], rows.data_ptr(),
-                      rows.shape[0], s.blocks.data_ptr(), None if bias is None else bias[s.start].data_ptr(),
-                      out[:, s.start].data_ptr(), self.out_features, s.rows, self.in_features, threads)
+            rc = call("actorserve::gguf_linear_f32", lib.gguf_linear_f32, TYPES[s.type_name][0], x_p, t,
+                      s.blocks.data_ptr(), None if bias_p is None else bias_p + 4 * s.start, out_p + 4 * s.start,
+                      self.out_features, s.rows, self.in_features, threads)
             if rc != 0:
                 raise RuntimeError(f"gguf_linear_f32 refused {s.type_name} [{s.rows}, {self.in_features}]")
 

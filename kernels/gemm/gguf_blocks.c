@@ -154,7 +154,8 @@ static inline __attribute__((always_inline)) void rows_impl(
         for (int64_t m = 0; m < M; m++) acc[m][0] = acc[m][1] = vzero();
         for (int64_t sb = 0; sb < subs; sb++) {
             vf wv[2][SUB / VL];
-            for (int64_t j = 0; j < NB; j++) decode(type, w + (n + j) * row_bytes + sb / per * bytes, (int)(sb % per), wv[j]);
+            for (int64_t j = 0; j < NB; j++)
+                decode(type, w + (n + j) * row_bytes + sb / per * bytes, (int)(sb % per), wv[j]);
             for (int64_t m = 0; m < M; m++)
                 for (int i = 0; i < SUB / VL; i++) {
                     const vf xv = vload(x + m * K + sb * SUB + i * VL);

@@ -89,7 +89,6 @@ class DecodePlanner:
         row passes (bf16 only), or None."""
         self.hidden, self.dtype, self.ew, self.attn, self.int8_lib = hidden, dtype, elementwise, attention, int8_lib
         self.elem = torch.empty((), dtype=dtype).element_size()
-        self.suffix = "bf16" if dtype == torch.bfloat16 else "f32"  # of the profiler's names, as cpu_rows's
         self.ops: list[Op] = []
         self.kernels: Counter = Counter()  # what the plan calls, by name, for its description and tests
         self.shapes: list[Optional[tuple[Optional[int], torch.dtype]]] = []
@@ -201,16 +200,17 @@ class DecodePlanner:
                 st.stream_p = st.ptrs[res]
             self.emit("dequant_add_norm_quantize_rows", seam)
             return out
-        normed, sfx = self._rows(name, hidden), self.suffix
+        normed = self._rows(name, hidden)
         if delta is None:
+            label = cpu_rows.profile_name("rms_norm", self.dtype)
             self.emit("rms_norm", lambda st: call(
-                f"actorserve::rms_norm_{sfx}", ew.rms_norm, st.stream_p, None, None, w_p, st.ptrs[normed.slot],
+                label, ew.rms_norm, st.stream_p, None, None, w_p, st.ptrs[normed.slot],
                 st.t, hidden, eps, st.threads))
         else:
-            d = self.convert(delta, ROWS, name + ".delta")
+            d, label = self.convert(delta, ROWS, name + ".delta"), cpu_rows.profile_name("add_rms_norm", self.dtype)
 
             def add_norm(st: DecodeStep) -> None:
-                call(f"actorserve::add_rms_norm_{sfx}", ew.rms_norm, st.stream_p, st.ptrs[d.slot], st.ptrs[res],
+                call(label, ew.rms_norm, st.stream_p, st.ptrs[d.slot], st.ptrs[res],
                      w_p, st.ptrs[normed.slot], st.t, hidden, eps, st.threads)
                 st.stream_p = st.ptrs[res]
             self.emit("add_rms_norm", add_norm)
@@ -232,9 +232,9 @@ class DecodePlanner:
             self.emit("silu_mul_quantize_rows", op)
             return out
         ew, gu, act = self.ew, self.convert(gate_up, ROWS, name + ".gate_up"), self._rows(name, inter)
-        sfx = self.suffix
+        label = cpu_rows.profile_name("silu_mul", self.dtype)
         self.emit("silu_mul", lambda st: call(
-            f"actorserve::silu_mul_{sfx}", ew.silu_mul, st.ptrs[gu.slot], st.ptrs[act.slot], st.t, inter,
+            label, ew.silu_mul, st.ptrs[gu.slot], st.ptrs[act.slot], st.t, inter,
             st.threads))
         return self.convert(act, form, name)
 
@@ -242,7 +242,8 @@ class DecodePlanner:
         """Rotary on q and k (after the q/k norms where the attention has them), the new k and v into this
         layer's KV cache, and decode attention over the cache."""
         qkv = self.convert(qkv, ROWS, "qkv.rows")
-        at, ew, layer, e, sfx = self.attn, self.ew, self.layers, self.elem, self.suffix
+        at, ew, layer, e = self.attn, self.ew, self.layers, self.elem
+        rotary_label = cpu_rows.profile_name("rotary", self.dtype)
         self.layers += 1
         heads, kvh, d, scale = attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale
         q_size, q_end = attn.q_size, attn.q_size + attn.kv_size
@@ -256,9 +257,11 @@ class DecodePlanner:
             x = st.bufs[qkv.slot]
             qkv_p, qkv_stride = x.data_ptr(), x.stride(0)
             if q_norm is None:  # q and k are adjacent columns: rotate them together, as the module path
-                call(f"actorserve::rotary_{sfx}", ew.rotary, qkv_p, qkv_stride, st.cos_p, st.sin_p, st.ptrs[qk],
+                call(rotary_label, ew.rotary, qkv_p, qkv_stride, st.cos_p, st.sin_p, st.ptrs[qk],
                      t, heads + kvh, d, threads)
-                q_p, q_stride, k_p, k_stride = st.ptrs[qk], (heads + kvh) * d, st.ptrs[qk] + heads * d * e, (heads + kvh) * d
+                q_p = k_p = st.ptrs[qk]
+                k_p += heads * d * e
+                q_stride = k_stride = (heads + kvh) * d
             else:
                 q = rotary(q_norm.forward(x[:, :q_size].reshape(t, heads, d)), st.rope)
                 k = rotary(k_norm.forward(x[:, q_size:q_end].reshape(t, kvh, d)), st.rope)
