@@ -81,6 +81,8 @@ class GgufWeight:
         if out_features is not None and at != out_features:
             raise ValueError(f"GgufWeight: {at} rows of blocks for a weight of {out_features}")
         self.segments, self.in_features, self.out_features = _merged(segments), in_features, at
+        # each segment's kernel arguments, bound once: (type number, blocks, first row, rows)
+        self._calls = [(TYPES[s.type_name][0], s.blocks.data_ptr(), s.start, s.rows) for s in self.segments]
 
     @property
     def nbytes(self) -> int:
@@ -99,6 +101,10 @@ class GgufWeight:
         if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= self.out_features):
             raise IndexError(f"row index out of range: the table has {self.out_features} rows")
         out = torch.empty(flat.numel(), self.in_features, dtype=torch.float32)
+        if len(self.segments) == 1:  # a table of one block type (the usual): every id is a row of its blocks
+            s = self.segments[0]
+            self._decode(s.type_name, s.blocks.index_select(0, flat), out)
+            return out.view(*ids.shape, self.in_features)
         for s in self.segments:
             where = ((flat >= s.start) & (flat < s.start + s.rows)).nonzero().view(-1)
             if where.numel() == 0:
@@ -144,12 +150,12 @@ class GgufWeight:
         segment's bias and output columns by pointer offset, not by views."""
         lib, threads, t = _lib(), torch.get_num_threads(), rows.shape[0]
         x_p, out_p, bias_p = rows.data_ptr(), out.data_ptr(), None if bias is None else bias.data_ptr()
-        for s in self.segments:
-            rc = call("actorserve::gguf_linear_f32", lib.gguf_linear_f32, TYPES[s.type_name][0], x_p, t,
-                      s.blocks.data_ptr(), None if bias_p is None else bias_p + 4 * s.start, out_p + 4 * s.start,
-                      self.out_features, s.rows, self.in_features, threads)
+        for type_id, blocks_p, start, seg_rows in self._calls:
+            rc = call("actorserve::gguf_linear_f32", lib.gguf_linear_f32, type_id, x_p, t, blocks_p,
+                      None if bias_p is None else bias_p + 4 * start, out_p + 4 * start, self.out_features, seg_rows,
+                      self.in_features, threads)
             if rc != 0:
-                raise RuntimeError(f"gguf_linear_f32 refused {s.type_name} [{s.rows}, {self.in_features}]")
+                raise RuntimeError(f"gguf_linear_f32 refused type {type_id} [{seg_rows}, {self.in_features}]")
 
     def _decoded_product(self, rows: torch.Tensor, bias: Optional[torch.Tensor], out: torch.Tensor) -> None:
         """Many rows: bound by arithmetic, so torch's GEMM on the weight decoded into this thread's scratch

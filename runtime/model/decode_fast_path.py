@@ -255,7 +255,7 @@ class DecodePlanner:
             t, threads, k_cache, v_cache = st.t, st.threads, *st.kv_caches[layer]
             _, nb, bs, _ = k_cache.shape
             x = st.bufs[qkv.slot]
-            qkv_p, qkv_stride = x.data_ptr(), x.stride(0)
+            qkv_p, qkv_stride = st.ptrs[qkv.slot], x.stride(0)
             if q_norm is None:  # q and k are adjacent columns: rotate them together, as the module path
                 call(rotary_label, ew.rotary, qkv_p, qkv_stride, st.cos_p, st.sin_p, st.ptrs[qk],
                      t, heads + kvh, d, threads)
