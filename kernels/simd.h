@@ -108,6 +108,13 @@ static inline vf vlut16_nibbles(const uint8_t *p, int high, vf table) {
     return _mm512_permutexvar_ps(high ? _mm512_srli_epi32(b, 4) : b, table);
 }
 static inline void vexpand_i8(__m128i b, vf *out) { out[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)); }
+/* The 16 bytes at p as floats of their low nibbles (lo[0 .. 16 / VL)) and of their high ones (hi[...]):
+ * the bytes widened to 32-bit lanes first, where a mask and a shift give both */
+static inline void vnibbles(const uint8_t *p, vf *lo, vf *hi) {
+    const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    lo[0] = _mm512_cvtepi32_ps(_mm512_and_si512(e, _mm512_set1_epi32(15)));
+    hi[0] = _mm512_cvtepi32_ps(_mm512_srli_epi32(e, 4));
+}
 
 static inline vbool vgt(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ); }
 static inline vbool veq(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ); }
@@ -259,6 +266,15 @@ static inline void vexpand_u8(__m128i b, vf *out) {
 static inline void vexpand_i8(__m128i b, vf *out) {
     out[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
     out[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
+}
+/* The 16 bytes at p as floats of their low nibbles (lo[0 .. 16 / VL)) and of their high ones (hi[...]):
+ * 8 bytes at a time widened to 32-bit lanes as they are loaded, where a mask and a shift give both */
+static inline void vnibbles(const uint8_t *p, vf *lo, vf *hi) {
+    for (int k = 0; k < 2; k++) {
+        const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + 8 * k)));
+        lo[k] = _mm256_cvtepi32_ps(_mm256_and_si256(e, _mm256_set1_epi32(15)));
+        hi[k] = _mm256_cvtepi32_ps(_mm256_srli_epi32(e, 4));
+    }
 }
 
 static inline vbool vgt(vf a, vf b) { return _mm256_cmp_ps(a, b, _CMP_GT_OQ); }

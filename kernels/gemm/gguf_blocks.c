@@ -10,9 +10,13 @@
  *   Q6_K (256 values, 210 bytes): 128 bytes of low nibbles, 64 of 2-bit highs, 16 int8 scales (one per
  *       16 values), d                                         w = (d * scale) * (q - 32)
  * In a Q4_0 / Q4_1 block the low nibbles are values 0 .. 15, the high ones 16 .. 31. Each weight is
- * computed with the reference decoder's operations in its order (runtime/model/gguf_dequant.py, gguf-py's
- * for the K types: fp16 widened to fp32, no fused multiply-add), so it is the fp32 value the reference
- * model holds; only the order of a dot product's sum differs from a dense fp32 product. Activations and
+ * the fp32 value the reference decoder gives (runtime/model/gguf_dequant.py, gguf-py's for the K types:
+ * fp16 widened to fp32, each operation rounded), so only the order of a dot product's sum differs from
+ * a dense fp32 product. Where the reference multiplies, then adds (Q4_1, Q4_K, Q5_K), one fused
+ * multiply-add gives its value: the product of an fp16 scale (11 significant bits, times a 6-bit
+ * sub-block scale for the K types: 17) and a quant of at most 5 bits is exact in fp32's 24, so the
+ * reference's first rounding does nothing and its second is the fused one's. (Not so for Q6_K's 8-bit
+ * scales and 6-bit quants: it multiplies twice, as the reference does.) Activations and
  * outputs are fp32. Written against the vector layer (../simd.h), built once per ISA; the caller checks
  * the CPU.
  */
@@ -66,7 +70,7 @@ static inline __attribute__((always_inline)) void decode(int type, const uint8_t
     /* 4-bit values through a table of the 16 weights a nibble can stand for, each computed as below */
     if (type == Q4_0 || type == Q4_1) {
         const vf d = vset1(half(blk)), q = viota();
-        const vf table = type == Q4_1 ? vadd(vmul(d, q), vset1(half(blk + 2))) : vmul(d, vsub(q, vset1(8.0f)));
+        const vf table = type == Q4_1 ? vfmadd(d, q, vset1(half(blk + 2))) : vmul(d, vsub(q, vset1(8.0f)));
         const uint8_t *qs = blk + (type == Q4_1 ? 4 : 2);
         w[0] = vlut16_nibbles(qs, 0, table);
         w[1] = vlut16_nibbles(qs, 1, table);
@@ -75,7 +79,7 @@ static inline __attribute__((always_inline)) void decode(int type, const uint8_t
     if (type == Q4_K) {
         int sc, mn;
         scale_min(blk + 4, j, &sc, &mn);
-        const vf table = vsub(vmul(vset1(half(blk) * (float)sc), viota()), vset1(half(blk + 2) * (float)mn));
+        const vf table = vfmadd(vset1(half(blk) * (float)sc), viota(), vset1(-(half(blk + 2) * (float)mn)));
         const uint8_t *qs = blk + 16 + 32 * (j / 2);
         w[0] = vlut16_nibbles(qs, j & 1, table);
         w[1] = vlut16_nibbles(qs + 16, j & 1, table);
@@ -90,12 +94,10 @@ static inline __attribute__((always_inline)) void decode(int type, const uint8_t
             for (int i = 0; i < SUB / VL; i++) w[i] = vmul(w[i], d);
             return;
         }
-        const uint8_t *qs = blk + (type == Q4_1 ? 4 : 2);
-        vexpand_u8(nibbles(qs, 0), w);
-        vexpand_u8(nibbles(qs, 1), w + 16 / VL);
+        vnibbles(blk + (type == Q4_1 ? 4 : 2), w, w + 16 / VL);
         if (type == Q4_1) {
             const vf m = vset1(half(blk + 2));
-            for (int i = 0; i < SUB / VL; i++) w[i] = vadd(vmul(d, w[i]), m);
+            for (int i = 0; i < SUB / VL; i++) w[i] = vfmadd(d, w[i], m);
         } else {
             const vf eight = vset1(8.0f);
             for (int i = 0; i < SUB / VL; i++) w[i] = vmul(d, vsub(w[i], eight)); /* q - 8 is exact in fp32 */
@@ -105,7 +107,7 @@ static inline __attribute__((always_inline)) void decode(int type, const uint8_t
     if (type == Q4_K || type == Q5_K) {
         int sc, mn;
         scale_min(blk + 4, j, &sc, &mn);
-        const vf d = vset1(half(blk) * (float)sc), dm = vset1(half(blk + 2) * (float)mn);
+        const vf d = vset1(half(blk) * (float)sc), neg_dm = vset1(-(half(blk + 2) * (float)mn));
         const uint8_t *qs = blk + (type == Q4_K ? 16 : 48) + 32 * (j / 2);
         __m128i lo = nibbles(qs, j & 1), hi = nibbles(qs + 16, j & 1);
         if (type == Q5_K) { /* bit j of each of the 32 high-bit bytes, as bit 4 */
@@ -117,7 +119,7 @@ static inline __attribute__((always_inline)) void decode(int type, const uint8_t
         }
         vexpand_u8(lo, w);
         vexpand_u8(hi, w + 16 / VL);
-        for (int i = 0; i < SUB / VL; i++) w[i] = vsub(vmul(d, w[i]), dm);
+        for (int i = 0; i < SUB / VL; i++) w[i] = vfmadd(d, w[i], neg_dm);
         return;
     }
     /* Q6_K: values 128 h + 32 r + i take ql byte 64 h + 32 (r % 2) + i (its high nibble for r >= 2) and
