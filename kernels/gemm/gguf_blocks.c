@@ -140,11 +140,12 @@ static inline __attribute__((always_inline)) void decode(int type, const uint8_t
 
 /* Rows [n0, n1) of y[m, n] = x[m, :] . w[n, :] (+ bias[n]) for M (at most MAX_ROWS) rows of x. Inlined
  * into clones with M constant (``ROWS_TM``), so that the accumulators live in registers.
- *   M < 4: each row keeps two sets of SUB / VL accumulators, for even and odd sub-blocks: with one chain,
+ *   M < 6: each row keeps two sets of SUB / VL accumulators, for even and odd sub-blocks: with one chain,
  *       each multiply-add waited on the latency of the one before it.
- *   M >= 4: the rows' chains are enough, one accumulator a row; with 32 registers (VL 16) two weight rows
+ *   M >= 6: the rows' chains are enough, one accumulator a row; with 32 registers (VL 16) two weight rows
  *       are decoded at a time, so that each load of x feeds two multiply-adds (one load a multiply-add
- *       bounded the pass). A last odd row takes the M < 4 loop. */
+ *       bounded the pass; at 4 rows the pairs measured slower for Q8_0). A last odd row takes the M < 6
+ *       loop. */
 static inline __attribute__((always_inline)) void rows_impl(
         int type, const float *x, const int64_t M, const uint8_t *w, const float *bias, float *y, int64_t ldy,
         int64_t K, int64_t n0, int64_t n1) {
