@@ -14,6 +14,7 @@ from actorserve.runtime.engine.sampling_params import SamplingParams
 from actorserve.runtime.background import BackgroundEngine
 from actorserve.runtime.inprocess import build_engine
 from actorserve.runtime.logs import setup_logging
+from actorserve.runtime.model.chat_template import render
 from actorserve.runtime.model.loader import resolve_model_path
 from actorserve.runtime.model.tokenizer import load_tokenizer
 
@@ -66,16 +67,19 @@ class LLM:
         return self._run(inputs, params, use_tqdm)
 
     def chat(self, messages, sampling_params=None, use_tqdm: bool = True, add_generation_prompt: bool = True,
-             continue_final_message: bool = False, chat_template: Optional[str] = None) -> list[RequestOutput]:
-        """One conversation (a list of {"role", "content"}) or a list of them, through the chat template."""
+             continue_final_message: bool = False, chat_template: Optional[str] = None,
+             chat_template_kwargs: Optional[dict[str, Any]] = None, tools: Optional[list] = None,
+             documents: Optional[list] = None) -> list[RequestOutput]:
+        """One conversation (a list of {"role", "content"}) or a list of them, through the chat template.
+        Content may be a string or a list of text parts, as the HTTP server takes it; continuing the
+        final message leaves out the generation prompt."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         tok = self._require_tokenizer()
         prompts = []
         for conv in conversations:
-            text = tok.apply_chat_template(conv, tokenize=False, chat_template=chat_template,
-                                           add_generation_prompt=add_generation_prompt and not continue_final_message,
-                                           continue_final_message=continue_final_message)
-            prompts.append({"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)})
+            text, ids = render(tok, conv, add_generation_prompt and not continue_final_message, continue_final_message,
+                               chat_template, tools, documents, chat_template_kwargs)
+            prompts.append({"prompt": text, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def _require_tokenizer(self):

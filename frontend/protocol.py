@@ -4,7 +4,11 @@ Pydantic validates types and shapes, as strictly as vLLM's schema: every string 
 lone surrogates), no float is infinite or NaN, a message has the content its role needs, and tools,
 tool_choice and response_format have OpenAI's shapes. Value ranges are left to SamplingParams, so that
 the HTTP server, the ZMQ protocol and the Python API refuse exactly the same things with the same words.
-Unknown fields are ignored, as vLLM and OpenAI do.
+
+A completion or chat request may carry fields this schema does not name. Those of OpenAI's and vLLM's
+that would change the output and are not implemented here (``UNSUPPORTED``) are refused unless they
+hold their neutral value: served as if absent, the answer would be silently wrong. Any other unknown
+field is ignored and named in a warning, once per request, as vLLM does.
 """
 from __future__ import annotations
 
@@ -64,7 +68,26 @@ class ResponseFormat(_Schema):
     json_schema: Optional[dict[str, Any]] = None
 
 
+# Fields of OpenAI's and vLLM's bodies that would change the output and are not implemented, each with
+# the values that leave the output as it is (structured outputs and tool calling: issue 18)
+UNSUPPORTED: dict[str, tuple] = {
+    "best_of": (None, 1), "use_beam_search": (None, False), "length_penalty": (None, 1.0),
+    "spaces_between_special_tokens": (None, True), "structured_outputs": (None,), "guided_json": (None,),
+    "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
+    "guided_decoding_backend": (None,), "guided_whitespace_pattern": (None,), "logits_processors": (None, []),
+    "return_tokens_as_token_ids": (None, False), "return_token_ids": (None, False), "prompt_embeds": (None,),
+    "priority": (None, 0), "vllm_xargs": (None, {}), "functions": (None, []), "function_call": (None, "none"),
+    "audio": (None,), "modalities": (None, ["text"]), "prediction": (None,), "web_search_options": (None,),
+    "mm_processor_kwargs": (None, {}), "response_format": (None, {"type": "text"}), "suffix": (None, ""),
+}
+# Known fields that change nothing this server returns: accepted without a warning
+ACCEPTED_UNUSED = frozenset({"metadata", "store", "service_tier", "request_id", "cache_salt", "kv_transfer_params",
+                             "parallel_tool_calls", "top_logprobs", "max_completion_tokens", "reasoning_effort"})
+
+
 class _SamplingFields(_Schema):
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
     model: Optional[Text] = None
     n: StrictInt = 1
     temperature: Optional[float] = None
@@ -86,14 +109,31 @@ class _SamplingFields(_Schema):
     stream_options: Optional[StreamOptions] = None
     echo: StrictBool = False
     user: Optional[Text] = None
+    prompt_logprobs: Optional[StrictInt] = None
+    allowed_token_ids: Optional[TokenIds] = None
+    bad_words: Optional[list[Text]] = None
+    truncate_prompt_tokens: Optional[StrictInt] = None
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self):
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options can only be given when stream is true")
+        if self.prompt_logprobs is not None and self.stream:  # vLLM's rule and words
+            raise ValueError("`prompt_logprobs` are not available when `stream=True`.")
         return self
 
-    def sampling_params(self, max_tokens: Optional[int], logprobs: Optional[int]) -> SamplingParams:
+    def unsupported_field(self) -> Optional[str]:
+        """The first field that asks for something this server does not do, if any."""
+        extra = self.model_extra or {}
+        return next((name for name, neutral in UNSUPPORTED.items()
+                     if name in extra and not any(_same(extra[name], v) for v in neutral)), None)
+
+    def unknown_fields(self) -> list[str]:
+        return sorted(name for name in (self.model_extra or {}) if name not in UNSUPPORTED
+                      and name not in ACCEPTED_UNUSED)
+
+    def sampling_params(self, max_tokens: Optional[int], logprobs: Optional[int],
+                        prompt_logprobs: Optional[int] = None) -> SamplingParams:
         """Raises ValueError naming the field, exactly as the Python API does."""
         given = {name: getattr(self, name) for name in (
             "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
@@ -102,8 +142,17 @@ class _SamplingFields(_Schema):
             n=self.n, seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
             logit_bias=self.logit_bias, ignore_eos=self.ignore_eos, min_tokens=self.min_tokens,
             max_tokens=max_tokens, logprobs=logprobs, skip_special_tokens=self.skip_special_tokens,
-            include_stop_str_in_output=self.include_stop_str_in_output, **given,
+            include_stop_str_in_output=self.include_stop_str_in_output, prompt_logprobs=prompt_logprobs,
+            allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
+            truncate_prompt_tokens=self.truncate_prompt_tokens, **given,
         )
+
+
+def _same(value, neutral) -> bool:
+    """Equal, and a flag only to a flag: 0 is not the neutral False."""
+    if isinstance(value, bool) or isinstance(neutral, bool):
+        return type(value) is type(neutral) and value == neutral
+    return value == neutral
 
 
 class CompletionRequest(_SamplingFields):
@@ -111,7 +160,7 @@ class CompletionRequest(_SamplingFields):
                   Annotated[list[Text], Field(max_length=MAX_PROMPTS)], Text]
     max_tokens: Optional[StrictInt] = 16
     logprobs: Optional[StrictInt] = None
-    suffix: Optional[Text] = None
+    add_special_tokens: StrictBool = True
 
 
 class TextPart(_Schema):
@@ -150,6 +199,10 @@ class ChatCompletionRequest(_SamplingFields):
     add_generation_prompt: StrictBool = True
     continue_final_message: StrictBool = False
     chat_template: Optional[Text] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+    documents: Optional[list[dict[str, Any]]] = Field(None, max_length=MAX_MESSAGES)
+    add_special_tokens: StrictBool = False  # the template writes them (vLLM's default for chat)
+    reasoning_effort: Optional[Literal["low", "medium", "high"]] = None  # handed to the template, as vLLM
     tools: Optional[list[Tool]] = Field(None, max_length=MAX_TOOLS)
     tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = None
     response_format: Optional[ResponseFormat] = None

@@ -10,17 +10,20 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Optional, Sequence
 
 from actorserve.frontend.errors import APIError
 from actorserve.frontend.metrics import FrontendMetrics
-from actorserve.runtime.engine.outputs import RequestOutput
-from actorserve.runtime.engine.sampling_params import (RequestLimits, SamplingParams, verify_prompt_text,
-                                                       verify_request)
+from actorserve.runtime.engine.outputs import Logprob, RequestOutput
+from actorserve.runtime.engine.sampling_params import (RequestLimits, SamplingParams, truncate_prompt,
+                                                       verify_prompt_text, verify_request)
 from actorserve.runtime.errors import EngineDeadError
 from actorserve.runtime.model.tokenizer import encode
+
+log = logging.getLogger("actorserve.frontend")
 
 
 @dataclass
@@ -41,6 +44,7 @@ class ServingContext:
     ready: Optional["asyncio.Future[None]"] = None
     max_n: int = 128
     max_token_chars: int = 1  # the longest token, in characters: the bound of the cheap length check
+    chat_template: Optional[str] = None  # the server's --chat-template: for requests that give none
     # one thread: tokenizing is CPU work, and a queue of it must not take every core from the engine
     pool: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tokenize"))
@@ -85,13 +89,29 @@ class ServingContext:
         self.check_length(text, name)
         return await self.off_loop(lambda: encode(self.tokenizer, text, add_special_tokens=add_special_tokens))
 
-    def build_params(self, request, prompt: "Prompt", max_tokens: Optional[int],
-                     logprobs: Optional[int]) -> SamplingParams:
-        """The engine's own checks, as a 400 naming the field; max_tokens None: the rest of the context."""
-        if max_tokens is None:
-            max_tokens = max(1, self.max_model_len - len(prompt.token_ids))
+    def check_fields(self, request, request_id: str) -> None:
+        """A field asking for what this server does not do is a 400; fields it does not know are named
+        in one warning."""
+        refused = request.unsupported_field()
+        if refused is not None:
+            raise APIError(400, f"{refused} is not supported by this server", refused)
+        unknown = request.unknown_fields()
+        if unknown:
+            log.warning("request %s: ignored fields the server does not know: %s", request_id, ", ".join(unknown))
+
+    def build_params(self, request, prompt: "Prompt", max_tokens: Optional[int], logprobs: Optional[int],
+                     prompt_logprobs: Optional[int] = None) -> SamplingParams:
+        """The engine's own checks, as a 400 naming the field; max_tokens None: the rest of the context.
+        The prompt is truncated here first when the request asks (``truncate_prompt_tokens``), so the
+        checks, the echo and the usage all see the prompt the engine runs."""
         try:
-            params = request.sampling_params(max_tokens, logprobs)
+            ids = truncate_prompt(prompt.token_ids, request.truncate_prompt_tokens, self.max_model_len)
+            if len(ids) != len(prompt.token_ids):
+                prompt.token_ids = ids
+                prompt.text = None if prompt.text is None else self.tokenizer.decode(ids)
+            if max_tokens is None:
+                max_tokens = max(1, self.max_model_len - len(prompt.token_ids))
+            params = request.sampling_params(max_tokens, logprobs, prompt_logprobs)
             verify_request(prompt.token_ids, params, self.limits)
         except ValueError as exc:
             raise APIError.bad_request(exc) from None
@@ -186,12 +206,28 @@ async def merge(streams: Sequence[AsyncIterator]) -> AsyncIterator[tuple[int, An
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def usage(prompts: Sequence[Prompt], outputs: Sequence[RequestOutput]) -> dict:
-    """The OpenAI usage block of a response: every prompt's tokens and every sample's tokens."""
+def usage(prompts: Sequence[Prompt], outputs: Sequence[RequestOutput], generated: bool = True) -> dict:
+    """The OpenAI usage block of a response: every prompt's tokens and every sample's tokens (none when
+    only the prompt is returned: an echo with max_tokens 0)."""
     prompt_tokens = sum(len(p.token_ids) for p in prompts)
-    completion_tokens = sum(len(s.token_ids) for out in outputs for s in out.outputs)
+    completion_tokens = sum(len(s.token_ids) for out in outputs for s in out.outputs) if generated else 0
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
+
+
+def clamp_logprob(value: float) -> float:
+    """JSON has no -inf: a token the model rules out reads -9999.0, as vLLM writes it."""
+    return max(value, -9999.0)
+
+
+def prompt_logprobs_json(entries: Optional[list[Optional[dict[int, Logprob]]]]) -> Optional[list]:
+    """RequestOutput.prompt_logprobs as vLLM's responses carry them: None for the first token, then
+    {token id: {logprob, rank, decoded_token}} for each."""
+    if entries is None:
+        return None
+    return [None if e is None else {str(tid): {"logprob": clamp_logprob(lp.logprob), "rank": lp.rank,
+                                               "decoded_token": lp.decoded_token} for tid, lp in e.items()}
+            for e in entries]
 
 
 def sse(payload: dict) -> str:

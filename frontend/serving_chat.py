@@ -7,44 +7,36 @@ from typing import AsyncIterator, Optional
 from actorserve.frontend.echo import echo_prefix
 from actorserve.frontend.errors import APIError, sse_error
 from actorserve.frontend.protocol import ChatCompletionRequest, ChatMessage
-from actorserve.frontend.serving import SSE_DONE, Prompt, ServingContext, now, sse, usage
+from actorserve.frontend.serving import (SSE_DONE, Prompt, ServingContext, clamp_logprob, now, prompt_logprobs_json,
+                                         sse, usage)
 from actorserve.runtime.engine.outputs import CompletionOutput, Logprob
-from actorserve.runtime.model.tokenizer import encode
+from actorserve.runtime.model.chat_template import render
 
 log = logging.getLogger("actorserve.frontend")
 
 
 async def render_chat(ctx: ServingContext, messages: list[ChatMessage], add_generation_prompt: bool,
                       continue_final_message: bool, chat_template: Optional[str] = None,
-                      tools: Optional[list] = None) -> Prompt:
-    """The template and the tokenizer run on the pool's thread, after the cheap length check."""
+                      tools: Optional[list] = None, documents: Optional[list] = None,
+                      template_kwargs: Optional[dict] = None, add_special_tokens: bool = False) -> Prompt:
+    """The template and the tokenizer run on the pool's thread, after the cheap length check; the
+    server's ``--chat-template`` stands in for a request that names none."""
     ctx.check_length("".join(m.text() for m in messages), "messages")
-    return await ctx.off_loop(_render, ctx.tokenizer, messages, add_generation_prompt, continue_final_message,
-                              chat_template, tools)
-
-
-def _render(tokenizer, messages: list[ChatMessage], add_generation_prompt: bool, continue_final_message: bool,
-            chat_template: Optional[str], tools: Optional[list]) -> Prompt:
-    if add_generation_prompt and continue_final_message:
-        raise APIError(400, "continue_final_message and add_generation_prompt cannot both be true",
-                       "continue_final_message")
-    if continue_final_message and messages[-1].role != "assistant":
-        raise APIError(400, "continue_final_message needs a final assistant message", "messages")
-    conversation = [{"role": m.role, "content": m.text()} for m in messages]
+    conversation = [m.model_dump(exclude_none=True) for m in messages]
     try:
-        text = tokenizer.apply_chat_template(conversation, tokenize=False, chat_template=chat_template,
-                                             add_generation_prompt=add_generation_prompt,
-                                             continue_final_message=continue_final_message, tools=tools)
-    except Exception as exc:  # jinja errors of a template: the request's fault
-        raise APIError(400, f"the chat template could not be applied: {exc}", "messages") from None
-    return Prompt(text, encode(tokenizer, text, add_special_tokens=False))
+        text, ids = await ctx.off_loop(lambda: render(
+            ctx.tokenizer, conversation, add_generation_prompt, continue_final_message,
+            chat_template or ctx.chat_template, tools, documents, template_kwargs, add_special_tokens))
+    except ValueError as exc:
+        raise APIError(400, str(exc), "messages") from None
+    return Prompt(text, ids)
 
 
 class ChatServing:
     def __init__(self, ctx: ServingContext) -> None:
         self.ctx = ctx
 
-    async def prepare(self, request: ChatCompletionRequest):
+    async def prepare(self, request: ChatCompletionRequest, request_id: str):
         self.ctx.check_model(request.model)
         if request.top_logprobs is not None and not request.logprobs:
             raise APIError(400, "top_logprobs needs logprobs to be true", "top_logprobs")
@@ -54,15 +46,24 @@ class ChatServing:
         if request.tool_choice not in (None, "none"):
             raise APIError(400, "tool_choice other than \"none\" needs tool calling, which this server does not "
                                 "support", "tool_choice")
+        if request.tools and request.tool_choice is None:  # OpenAI's default with tools is "auto"
+            raise APIError(400, "tools without tool_choice means \"auto\" tool choice, which needs tool calling: "
+                                "this server does not support it (give tool_choice \"none\" to show the tools "
+                                "to the model without calls)", "tool_choice")
+        self.ctx.check_fields(request, request_id)
         tools = [t.model_dump(exclude_none=True) for t in request.tools] if request.tools else None
+        template_kwargs = dict(request.chat_template_kwargs or {})
+        if request.reasoning_effort is not None:
+            template_kwargs.setdefault("reasoning_effort", request.reasoning_effort)
         prompt = await render_chat(self.ctx, request.messages, request.add_generation_prompt,
-                                   request.continue_final_message, request.chat_template, tools)
+                                   request.continue_final_message, request.chat_template, tools,
+                                   request.documents, template_kwargs, request.add_special_tokens)
         requested = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
         logprobs = (request.top_logprobs or 0) if request.logprobs else None
-        return prompt, self.ctx.build_params(request, prompt, requested, logprobs)
+        return prompt, self.ctx.build_params(request, prompt, requested, logprobs, request.prompt_logprobs)
 
     async def create(self, request: ChatCompletionRequest, request_id: str) -> dict:
-        prompt, params = await self.prepare(request)
+        prompt, params = await self.prepare(request, request_id)
         out = await self.ctx.final(prompt, params, request_id)
         prefix = echo_prefix(request, prompt.text)
         choices = [{
@@ -70,13 +71,15 @@ class ChatServing:
             "logprobs": chat_logprobs(s, request.top_logprobs or 0) if request.logprobs else None,
             "finish_reason": s.finish_reason, "stop_reason": s.stop_reason,
         } for s in out.outputs]
-        return {"id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": now(),
-                "model": self.ctx.model_name, "choices": choices,
-                "usage": usage([prompt], [out])}
+        body = {"id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": now(),
+                "model": self.ctx.model_name, "choices": choices, "usage": usage([prompt], [out])}
+        if request.prompt_logprobs is not None:
+            body["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs)
+        return body
 
     async def stream(self, request: ChatCompletionRequest, request_id: str) -> AsyncIterator[str]:
         """Errors before the stream starts (the engine's refusal included) are plain 4xx."""
-        prompt, params = await self.prepare(request)
+        prompt, params = await self.prepare(request, request_id)
         outputs = await self.ctx.started(prompt, params, request_id)
         return self._events(request, request_id, prompt, outputs)
 
@@ -130,7 +133,7 @@ def _delta(s: CompletionOutput, sent: dict, done: set, request: ChatCompletionRe
 
 def _entry(lp: Logprob) -> dict:
     token = lp.decoded_token or ""
-    return {"token": token, "logprob": lp.logprob, "bytes": list(token.encode("utf-8"))}
+    return {"token": token, "logprob": clamp_logprob(lp.logprob), "bytes": list(token.encode("utf-8"))}
 
 
 def chat_logprobs(sample: CompletionOutput, top_n: int) -> dict:

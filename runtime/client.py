@@ -231,13 +231,15 @@ def _split_prompt(prompt: PromptInput) -> tuple[Optional[str], Optional[list[int
 def _apply(output: RequestOutput, delta: RequestOutputDelta) -> bool:
     if delta.prompt_token_ids is not None:
         output.prompt_token_ids = list(delta.prompt_token_ids)
+    if delta.prompt_logprobs is not None:
+        output.prompt_logprobs = [None if tok is None else _logprob_entry(tok) for tok in delta.prompt_logprobs]
     output.num_cached_tokens = delta.num_cached_tokens
     for s in delta.samples:
         out = output.outputs[s.index]
         out.token_ids.extend(s.token_ids)
         out.text += s.text
         if s.logprobs is not None:
-            entries = [{e.token_id: Logprob(e.logprob, e.rank, e.decoded_token) for e in tok} for tok in s.logprobs]
+            entries = [_logprob_entry(tok) for tok in s.logprobs]
             out.logprobs = (out.logprobs or []) + entries
             out.cumulative_logprob = (out.cumulative_logprob or 0.0) + sum(
                 next(iter(e.values())).logprob for e in entries)
@@ -245,6 +247,10 @@ def _apply(output: RequestOutput, delta: RequestOutputDelta) -> bool:
         out.stop_reason = s.stop_reason if s.finish_reason else out.stop_reason
     output.finished = delta.finished
     return delta.finished
+
+
+def _logprob_entry(tokens: list) -> dict[int, Logprob]:
+    return {e.token_id: Logprob(e.logprob, e.rank, e.decoded_token) for e in tokens}
 
 
 def _error(reply: ErrorReply) -> BaseException:

@@ -88,6 +88,27 @@ def smollm():
     return LLM(kv_cache_memory=256 << 20, max_model_len=2048)
 
 
+@pytest.fixture(scope="session")
+def hf_smollm():
+    """The default model as transformers' Llama, holding exactly the values our GGUF loader decodes
+    (transformers' own GGUF path needs accelerate, which is not a dependency here)."""
+    import transformers
+
+    from actorserve.runtime.model.gguf_weights import iter_tensors, open_gguf
+    from actorserve.runtime.model.loader import resolve_model_path
+
+    reader, cfg = open_gguf(resolve_model_path(None))
+    config = transformers.LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta,
+        max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=cfg.tie_word_embeddings)
+    model = transformers.LlamaForCausalLM(config).eval()
+    missing, unexpected = model.load_state_dict(dict(iter_tensors(reader, cfg)), strict=False)
+    assert missing == ["lm_head.weight"] and not unexpected  # the head is tied to the embedding
+    return model
+
+
 def save_tiny_model(kind: str, directory: Path, seed: int = 0, **overrides) -> Path:
     """A random-initialised transformers model of the given family, saved as an HF directory."""
     import torch

@@ -147,7 +147,8 @@ class SchedulerActor(Actor):
         await self.client.send(RequestOutputDelta(
             client_id, samples, update.output.finished,
             prompt_token_ids=update.output.prompt_token_ids if first else None,
-            num_cached_tokens=update.output.num_cached_tokens), to=origin)
+            num_cached_tokens=update.output.num_cached_tokens,
+            prompt_logprobs=_wire_logprobs(update.output.prompt_logprobs) if first else None), to=origin)
 
     # -- handlers ---------------------------------------------------------------------------------------------
     async def handle_add_request(self, message: AddRequest, envelope: Envelope) -> None:
@@ -298,8 +299,8 @@ def _engine_id(origin: Optional[bytes], request_id: str) -> str:
     return f"{(origin or b'').hex()}/{request_id}"
 
 
-def _wire_logprobs(logprobs) -> Optional[list[list[TokenLogprob]]]:
+def _wire_logprobs(logprobs) -> Optional[list[Optional[list[TokenLogprob]]]]:
     if logprobs is None:
         return None
-    return [[TokenLogprob(tid, lp.logprob, lp.rank, lp.decoded_token) for tid, lp in entry.items()]
-            for entry in logprobs]
+    return [None if entry is None else [TokenLogprob(tid, lp.logprob, lp.rank, lp.decoded_token)
+                                        for tid, lp in entry.items()] for entry in logprobs]

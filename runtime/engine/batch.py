@@ -26,6 +26,9 @@ class SamplingSpec(msgspec.Struct, frozen=True):
     stop_token_ids: list[int]  # with the EOS id below, masked until min_tokens are out
     eos_token_id: Optional[int]
     logprobs: Optional[int]
+    prompt_logprobs: Optional[int] = None
+    allowed_token_ids: Optional[list[int]] = None
+    bad_words_token_ids: Optional[list[list[int]]] = None  # each word's tokens, as the tokenizer splits it
 
 
 class NewRequest(msgspec.Struct, frozen=True):
@@ -64,7 +67,19 @@ class TokenLogprobs(msgspec.Struct, frozen=True):
     top_logprobs: list[float]
 
 
+class PromptLogprobs(msgspec.Struct, frozen=True):
+    """Logprobs of the prompt tokens at positions ``start``, ``start + 1``, ...: what one chunk's rows
+    predicted for the tokens that follow them (a chunk never covers position 0, which has none)."""
+
+    start: int
+    logprobs: list[float]
+    ranks: list[int]
+    top_token_ids: list[list[int]]
+    top_logprobs: list[list[float]]
+
+
 class ModelRunnerOutput(msgspec.Struct, frozen=True):
     step: int
     sampled: dict[str, int]
     logprobs: dict[str, TokenLogprobs]
+    prompt_logprobs: dict[str, PromptLogprobs] = {}

@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from typing import Optional, Protocol
 
 from actorserve.runtime.config import EngineConfig
-from actorserve.runtime.engine.batch import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
+from actorserve.runtime.engine.batch import ModelRunnerOutput, PromptLogprobs, SchedulerOutput, TokenLogprobs
 from actorserve.runtime.engine.detokenizer import IncrementalDetokenizer
 from actorserve.runtime.engine.kv_cache_manager import KVCacheManager
 from actorserve.runtime.engine.outputs import CompletionOutput, Logprob, RequestOutput, RequestUpdate, SampleUpdate
 from actorserve.runtime.engine.request import Request, RequestStatus
-from actorserve.runtime.engine.sampling_params import RequestLimits, SamplingParams, verify_request
+from actorserve.runtime.engine.sampling_params import RequestLimits, SamplingParams, truncate_prompt, verify_request
 from actorserve.runtime.engine.scheduler import Scheduler
+from actorserve.runtime.model.tokenizer import bad_words_token_ids
 
 
 class Executor(Protocol):
@@ -83,8 +84,17 @@ class EngineCore:
         """Validate against the model and queue; raises ValueError (naming the field) without side effects."""
         if request_id in self._groups:
             raise ValueError(f"request_id {request_id!r} is already in use")
+        truncated = truncate_prompt(prompt_token_ids, params.truncate_prompt_tokens, self.limits.max_model_len)
+        if len(truncated) != len(prompt_token_ids):  # the text is then what is left of it
+            prompt_token_ids = truncated
+            prompt = self.tokenizer.decode(truncated) if prompt is not None and self.tokenizer is not None else None
         verify_request(prompt_token_ids, params, self.limits, self.tokenizer is not None)
+        bad_words = None
+        if params.bad_words:
+            bad_words = bad_words_token_ids(self.tokenizer, params.bad_words, self.facts.vocab_size)
         output = RequestOutput(request_id, prompt, list(prompt_token_ids), [])
+        if params.prompt_logprobs is not None:
+            output.prompt_logprobs = [None] * len(prompt_token_ids)
         group = _Group(output, [])
         leader: Optional[Request] = None
         for index in range(params.n):
@@ -92,6 +102,7 @@ class EngineCore:
             seq = self._new_sequence(f"{request_id}#{index}" if params.n > 1 else request_id,
                                      prompt_token_ids, child, index)
             seq.request.wait_for = leader
+            seq.request.bad_words_token_ids = bad_words
             leader = leader or seq.request
             group.sequences.append(seq)
             output.outputs.append(seq.output)
@@ -153,6 +164,10 @@ class EngineCore:
     def apply(self, result: ModelRunnerOutput) -> list[RequestUpdate]:
         """Take a step's sampled tokens; returns an update for every request that changed."""
         changed: dict[str, tuple[_Group, list[_Sequence]]] = {}
+        for rid, prompt_logprobs in result.prompt_logprobs.items():
+            found = self._by_seq.get(rid)
+            if found is not None:  # (not aborted while the step ran)
+                self._fill_prompt_logprobs(found[0].output, prompt_logprobs)
         for request, token in self.scheduler.update(result.step, result.sampled):
             group, seq = self._by_seq[request.request_id]
             self._append(seq, token, result.logprobs.get(request.request_id))
@@ -200,11 +215,22 @@ class EngineCore:
         return None
 
     def _logprob_entry(self, token: int, lp: TokenLogprobs) -> dict[int, Logprob]:
-        """The sampled token first, then the top-N (as vLLM orders them)."""
-        entry = {token: Logprob(lp.logprob, lp.rank, self._decode_one(token))}
-        for rank, (tid, value) in enumerate(zip(lp.top_token_ids, lp.top_logprobs), start=1):
-            entry.setdefault(tid, Logprob(value, rank, self._decode_one(tid)))
+        return self._entry(token, lp.logprob, lp.rank, lp.top_token_ids, lp.top_logprobs)
+
+    def _entry(self, token: int, logprob: float, rank: int, top_ids: list[int], top_values: list[float]):
+        """The chosen token first, then the top-N (as vLLM orders them)."""
+        entry = {token: Logprob(logprob, rank, self._decode_one(token))}
+        for r, (tid, value) in enumerate(zip(top_ids, top_values), start=1):
+            entry.setdefault(tid, Logprob(value, r, self._decode_one(tid)))
         return entry
+
+    def _fill_prompt_logprobs(self, output: RequestOutput, lp: PromptLogprobs) -> None:
+        """By position: a preempted request computes its prompt again, and writes the same values."""
+        ids = output.prompt_token_ids
+        for i, (value, rank, top_ids, top_values) in enumerate(zip(lp.logprobs, lp.ranks, lp.top_token_ids,
+                                                                   lp.top_logprobs)):
+            position = lp.start + i
+            output.prompt_logprobs[position] = self._entry(ids[position], value, rank, top_ids, top_values)
 
     def _decode_one(self, token: int) -> Optional[str]:
         return None if self.tokenizer is None else self.tokenizer.decode([token])

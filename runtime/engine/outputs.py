@@ -34,6 +34,8 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = False
     num_cached_tokens: int = 0
+    # with SamplingParams.prompt_logprobs: one entry per prompt token, None for the first (vLLM's shape)
+    prompt_logprobs: Optional[list[Optional[dict[int, Logprob]]]] = None
 
 
 @dataclass

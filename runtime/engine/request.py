@@ -37,6 +37,7 @@ class Request:
     num_preemptions: int = 0
     # Prefill of this request waits until this sibling (an n>1 request's first sample) has its prompt cached.
     wait_for: Optional["Request"] = None
+    bad_words_token_ids: Optional[list[list[int]]] = None  # params.bad_words, tokenized by the engine
 
     def token_slice(self, start: int, end: int) -> list[int]:
         """Tokens [start, end) of prompt + output, without building the whole list (this runs every step)."""

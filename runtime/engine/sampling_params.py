@@ -20,7 +20,8 @@ MAX_N = 4096  # the ceiling of the configured maximum n (SchedulerConfig.max_n)
 MAX_TOKENS = 1 << 31  # any context is shorter; the engine checks the real one
 MAX_STOP_STRINGS = 64
 MAX_STOP_CHARS = 1024
-MAX_TOKEN_ID_LIST = 4096  # stop_token_ids and logit_bias entries
+MAX_TOKEN_ID_LIST = 4096  # stop_token_ids, logit_bias and allowed_token_ids entries
+MAX_BAD_WORDS = 256
 LOGIT_BIAS_BOUND = 100.0  # biases are clamped to +-100, as OpenAI and vLLM do
 SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # what torch.Generator.manual_seed takes
 TOP_K_MAX = (1 << 31) - 1  # top_k is clamped to the vocabulary when sampled
@@ -44,8 +45,17 @@ class SamplingParams:
     max_tokens: Optional[int] = 16
     min_tokens: int = 0
     logprobs: Optional[int] = None
+    # logprobs of the prompt's tokens (the first has none), with this many alternatives each, as vLLM
+    prompt_logprobs: Optional[int] = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # only these tokens may be sampled (vLLM's allowed_token_ids); logprobs still see every token
+    allowed_token_ids: Optional[list[int]] = None
+    # words never generated: their tokens (with and without a leading space) are banned where the
+    # output so far would complete them, as vLLM's bad_words
+    bad_words: Optional[list[str]] = None
+    # keep only the prompt's last k tokens (-1: as many as the context allows), as vLLM
+    truncate_prompt_tokens: Optional[int] = None
     detokenize: bool = True
 
     def __post_init__(self) -> None:
@@ -59,6 +69,15 @@ class SamplingParams:
             self.logit_bias = {_as_token_id(k, "logit_bias"): _bias(v) for k, v in self.logit_bias.items()}
         if self.top_k == -1:
             self.top_k = 0
+        if self.allowed_token_ids is not None:
+            _check(isinstance(self.allowed_token_ids, (list, tuple)), "allowed_token_ids",
+                   "must be a list of token ids")
+            _check(0 < len(self.allowed_token_ids) <= MAX_TOKEN_ID_LIST, "allowed_token_ids",
+                   f"must hold between 1 and {MAX_TOKEN_ID_LIST} token ids, got {len(self.allowed_token_ids)}")
+            self.allowed_token_ids = [_as_token_id(t, "allowed_token_ids") for t in self.allowed_token_ids]
+        if self.bad_words is not None:
+            _check(isinstance(self.bad_words, (list, tuple)), "bad_words", "must be a list of strings")
+            self.bad_words = list(self.bad_words)
         self._verify()
 
     @property
@@ -85,8 +104,18 @@ class SamplingParams:
                f"must be an integer in [0, {MAX_TOKENS}], got {self.min_tokens!r}")
         _check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
                f"must be <= max_tokens={self.max_tokens}, got {self.min_tokens}")
-        _check(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
-               "logprobs", f"must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            _check(value is None or (_is_int(value) and 0 <= value <= MAX_LOGPROBS), name,
+                   f"must be an integer in [0, {MAX_LOGPROBS}], got {value!r}")
+        _check_truncation(self.truncate_prompt_tokens)
+        if self.bad_words is not None:
+            _check(len(self.bad_words) <= MAX_BAD_WORDS, "bad_words",
+                   f"has {len(self.bad_words)} words, more than {MAX_BAD_WORDS}")
+            _check(all(isinstance(w, str) and 0 < len(w.strip()) and len(w) <= MAX_STOP_CHARS for w in self.bad_words),
+                   "bad_words", f"must be non-blank strings of at most {MAX_STOP_CHARS} characters")
+            for w in self.bad_words:
+                check_text(w, "bad_words")
         lo, hi = SEED_RANGE
         _check(self.seed is None or (_is_int(self.seed) and lo <= self.seed <= hi), "seed",
                f"must be an integer in [-2^63, 2^64 - 1], got {self.seed!r}")
@@ -105,13 +134,19 @@ class SamplingParams:
         _check(not bad, "stop_token_ids", f"has ids {bad} outside the vocabulary [0, {vocab_size})")
         bad = [t for t in (self.logit_bias or {}) if not 0 <= t < vocab_size]
         _check(not bad, "logit_bias", f"has token ids {bad} outside the vocabulary [0, {vocab_size})")
+        bad = [t for t in (self.allowed_token_ids or []) if not 0 <= t < vocab_size]
+        _check(not bad, "allowed_token_ids", f"has ids {bad[:10]} outside the vocabulary [0, {vocab_size})")
         _check(can_detokenize or not self.stop, "stop", "stop strings need a tokenizer (skip_tokenizer_init is set)")
+        _check(can_detokenize or not self.bad_words, "bad_words",
+               "bad words need a tokenizer (skip_tokenizer_init is set)")
 
     def child(self, index: int) -> "SamplingParams":
         """One of the n samples as its own request; seeded children get distinct, reproducible seeds
-        (modulo 2^64, as torch takes them, so the last seeds of the range wrap instead of overflowing)."""
+        (modulo 2^64, as torch takes them, so the last seeds of the range wrap instead of overflowing).
+        The prompt's logprobs are the same for every sample: the first computes them, and the others
+        may take its prompt from the prefix cache."""
         seed = None if self.seed is None else (self.seed + index) % (1 << 64)
-        return dataclasses.replace(self, n=1, seed=seed)
+        return dataclasses.replace(self, n=1, seed=seed, prompt_logprobs=self.prompt_logprobs if index == 0 else None)
 
 
 @dataclass(frozen=True)
@@ -121,6 +156,17 @@ class RequestLimits:
     vocab_size: int
     max_model_len: int
     max_n: int
+
+
+def truncate_prompt(token_ids: list[int], k: Optional[int], max_model_len: int) -> list[int]:
+    """The prompt as ``truncate_prompt_tokens`` = k leaves it: its last k tokens (-1: the context's worth
+    less one, so that a token can be generated). Every way in calls this before ``verify_request``."""
+    if k is None:
+        return token_ids
+    _check_truncation(k)
+    if k == -1:
+        k = max_model_len - 1
+    return token_ids[-k:] if len(token_ids) > k else token_ids
 
 
 def verify_request(token_ids: list[int], params: SamplingParams, limits: RequestLimits,
@@ -160,6 +206,11 @@ def check_text(text: str, name: str) -> None:
     except UnicodeEncodeError as exc:
         raise ValueError(f"{name} contains a lone surrogate ({text[exc.start]!a} at {exc.start}), which is not "
                          "valid Unicode") from None
+
+
+def _check_truncation(k) -> None:
+    _check(k is None or (_is_int(k) and (k == -1 or 1 <= k <= MAX_TOKENS)), "truncate_prompt_tokens",
+           f"must be -1 or an integer in [1, {MAX_TOKENS}], got {k!r}")
 
 
 def _is_int(value) -> bool:

@@ -105,7 +105,8 @@ class Scheduler:
             if _blocked_on_sibling(request):
                 skipped.append(self.waiting.popleft())
                 continue
-            cached = self.kv.find_cached_prefix(request)
+            # a prompt's logprobs come from computing it: a cached prefix would leave them out (as vLLM)
+            cached = self.kv.find_cached_prefix(request) if request.params.prompt_logprobs is None else []
             num_cached = len(cached) * self.kv.block_size
             n = request.num_tokens - num_cached
             if n > budget and not self.config.enable_chunked_prefill:
@@ -179,5 +180,6 @@ def _spec(request: Request) -> SamplingSpec:
         presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
         repetition_penalty=p.repetition_penalty, logit_bias=p.logit_bias, min_tokens=p.min_tokens,
         stop_token_ids=list(p.stop_token_ids), eos_token_id=None if p.ignore_eos else request.eos_token_id,
-        logprobs=p.logprobs,
+        logprobs=p.logprobs, prompt_logprobs=p.prompt_logprobs, allowed_token_ids=p.allowed_token_ids,
+        bad_words_token_ids=request.bad_words_token_ids,
     )

@@ -13,11 +13,14 @@ from typing import Any, Optional
 import torch
 
 from actorserve.kernels.attention import AttentionMetadata, SequenceGroup, TorchRefBackend, cpu_decode
-from actorserve.runtime.engine.batch import ModelRunnerOutput, ScheduledChunk, SchedulerOutput
+from actorserve.runtime.engine.batch import ModelRunnerOutput, PromptLogprobs, ScheduledChunk, SchedulerOutput
 from actorserve.runtime.model.arch_config import ArchConfig
 from actorserve.runtime.model.decode_fast_path import DecodeFastPath
 from actorserve.runtime.model.decoder import CausalLM
-from actorserve.runtime.model.sampler import Sampler, SamplingRow
+from actorserve.runtime.model.sampler import Sampler, SamplingRow, rank_logprobs
+
+# Prompt logprobs turn this many rows at a time into logits: a long prompt's [rows, vocab] would not fit
+_PROMPT_LOGPROB_ROWS = 256
 
 
 def kv_bytes_per_block(cfg: ArchConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -45,6 +48,7 @@ class ModelInputs:
     meta: Any  # the attention backend's plan of the step (``backend.prepare``)
     logits_indices: torch.Tensor  # rows of the hidden states to turn into logits, one per sampled request
     sample_ids: list[str]  # request ids in the order of logits_indices
+    chunk_rows: list[tuple[ScheduledChunk, int]]  # each chunk and the row of its first token
 
 
 class ModelRunner:
@@ -81,7 +85,9 @@ class ModelRunner:
         if not self.is_last_stage:
             return self.run_layers(inputs, hidden_in)
         self._update_states(batch)
-        logits = self.forward(inputs, hidden_in)
+        hidden = self.run_layers(inputs, hidden_in)
+        prompt_logprobs = self._prompt_logprobs(hidden, inputs)
+        logits = self._logits(hidden, inputs.logits_indices)
         rows = [self._rows[rid] for rid in inputs.sample_ids]
         tokens, logprobs = self.sampler(logits, rows)
         for row, token in zip(rows, tokens):
@@ -90,7 +96,43 @@ class ModelRunner:
             step=batch.step,
             sampled=dict(zip(inputs.sample_ids, tokens)),
             logprobs={rid: lp for rid, lp in zip(inputs.sample_ids, logprobs) if lp is not None},
+            prompt_logprobs=prompt_logprobs,
         )
+
+    @torch.inference_mode()
+    def _logits(self, hidden: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        return self.model.compute_logits(hidden[indices])
+
+    @torch.inference_mode()
+    def _prompt_logprobs(self, hidden: torch.Tensor, inputs: ModelInputs) -> dict[str, PromptLogprobs]:
+        """For each chunk of a request that asked for them: the logprob and rank of every prompt token
+        the chunk's rows predict (row p predicts token p + 1), and the top alternatives, from the raw
+        logits as the sampled tokens' logprobs are. The row that predicts the first output token is the
+        sampler's, not the prompt's."""
+        out: dict[str, PromptLogprobs] = {}
+        for chunk, first_row in inputs.chunk_rows:
+            row = self._rows.get(chunk.request_id)
+            if row is None or row.spec.prompt_logprobs is None:
+                continue
+            prompt = row.prompt_ids
+            first, last = chunk.start + 1, min(chunk.start + len(chunk.token_ids), len(prompt) - 1)
+            if last < first:
+                continue
+            top_n = row.spec.prompt_logprobs
+            values, ranks, top_ids, top_values = [], [], [], []
+            for lo in range(first, last + 1, _PROMPT_LOGPROB_ROWS):
+                hi = min(lo + _PROMPT_LOGPROB_ROWS, last + 1)
+                rows = torch.arange(first_row + lo - 1 - chunk.start, first_row + hi - 1 - chunk.start,
+                                    device=hidden.device)
+                logprobs = self._logits(hidden, rows).float().log_softmax(dim=-1)
+                targets = torch.tensor(prompt[lo:hi], dtype=torch.long, device=logprobs.device)
+                v, r, ti, tv = rank_logprobs(logprobs, targets, top_n)
+                values += v
+                ranks += r
+                top_ids += ti
+                top_values += tv
+            out[chunk.request_id] = PromptLogprobs(first, values, ranks, top_ids, top_values)
+        return out
 
     def _update_states(self, batch: SchedulerOutput) -> None:
         for rid in batch.finished_request_ids:
@@ -106,18 +148,18 @@ class ModelRunner:
             return self.fast_decode(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, hidden_in)
         return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, self.backend, hidden_in)
 
-    @torch.inference_mode()
     def forward(self, inputs: ModelInputs, hidden_in: Optional[torch.Tensor] = None) -> torch.Tensor:
-        hidden = self.run_layers(inputs, hidden_in)
-        return self.model.compute_logits(hidden[inputs.logits_indices])
+        """The logits of the rows that sample."""
+        return self._logits(self.run_layers(inputs, hidden_in), inputs.logits_indices)
 
     def prepare_inputs(self, batch: SchedulerOutput) -> ModelInputs:
         decodes = [c for c in batch.chunks if len(c.token_ids) == 1]
         prefills = [c for c in batch.chunks if len(c.token_ids) > 1]
         ordered = decodes + prefills
-        ids, positions, slots, logits_indices, sample_ids = [], [], [], [], []
+        ids, positions, slots, logits_indices, sample_ids, chunk_rows = [], [], [], [], [], []
         bs = self.block_size
         for chunk in ordered:
+            chunk_rows.append((chunk, len(ids)))
             span = range(chunk.start, chunk.start + len(chunk.token_ids))
             ids.extend(chunk.token_ids)
             positions.extend(span)
@@ -132,7 +174,7 @@ class ModelRunner:
             prefill=self._group(prefills, len(decodes)),
         )
         return ModelInputs(as_long(ids), as_long(positions), self.backend.prepare(meta), as_long(logits_indices),
-                           sample_ids)
+                           sample_ids, chunk_rows)
 
     def _group(self, chunks: list[ScheduledChunk], token_start: int) -> Optional[SequenceGroup]:
         if not chunks:

@@ -71,27 +71,44 @@ def _plain_greedy(row: SamplingRow) -> bool:
     """A row whose token is the argmax of its raw logits: greedy, and nothing below alters or reads them."""
     spec = row.spec
     return (spec.temperature < 1e-5 and spec.logprobs is None and not spec.logit_bias
+            and spec.allowed_token_ids is None and not spec.bad_words_token_ids
             and len(row.output_ids) >= spec.min_tokens and spec.repetition_penalty == 1.0
             and spec.presence_penalty == 0.0 and spec.frequency_penalty == 0.0)
 
 
 def _apply_bias_and_min_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """logit_bias, then the bans: allowed_token_ids, bad words, and the stop tokens until min_tokens."""
     cloned = False
     for i, row in enumerate(rows):
         spec = row.spec
-        banned = []
+        banned = _banned_bad_words(spec.bad_words_token_ids, row.output_ids) if spec.bad_words_token_ids else []
         if len(row.output_ids) < spec.min_tokens:
-            banned = list(spec.stop_token_ids) + ([spec.eos_token_id] if spec.eos_token_id is not None else [])
-        if not spec.logit_bias and not banned:
+            banned += list(spec.stop_token_ids) + ([spec.eos_token_id] if spec.eos_token_id is not None else [])
+        if not spec.logit_bias and not banned and spec.allowed_token_ids is None:
             continue
         if not cloned:
             logits, cloned = logits.clone(), True
         if spec.logit_bias:
             ids = torch.tensor(list(spec.logit_bias.keys()), dtype=torch.long)
             logits[i].index_add_(0, ids, torch.tensor(list(spec.logit_bias.values()), dtype=logits.dtype))
+        if spec.allowed_token_ids is not None:
+            keep = torch.zeros(logits.shape[1], dtype=torch.bool)
+            keep[torch.tensor(spec.allowed_token_ids, dtype=torch.long)] = True
+            logits[i].masked_fill_(~keep, float("-inf"))
         if banned:
             logits[i, torch.tensor(banned, dtype=torch.long)] = float("-inf")
     return logits
+
+
+def _banned_bad_words(words: list[list[int]], output_ids: list[int]) -> list[int]:
+    """The last token of every bad word whose other tokens end the output so far (a one-token word is
+    always banned), as vLLM applies bad_words."""
+    banned = []
+    for word in words:
+        head = len(word) - 1
+        if head == 0 or (len(output_ids) >= head and output_ids[-head:] == word[:-1]):
+            banned.append(word[-1])
+    return banned
 
 
 def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
@@ -156,18 +173,25 @@ def _finish_logprobs(state, tokens: list[int]) -> list[Optional[TokenLogprobs]]:
     if state is None:
         return [None] * len(tokens)
     logprobs, wanted = state
-    out: list[Optional[TokenLogprobs]] = []
-    for i, (n, token) in enumerate(zip(wanted, tokens)):
-        if n is None:
-            out.append(None)
-            continue
-        row = logprobs[i]
-        value = row[token]
-        rank = int((row > value).sum()) + 1
-        top = row.topk(n) if n > 0 else None
-        out.append(TokenLogprobs(
-            logprob=float(value), rank=rank,
-            top_token_ids=top.indices.tolist() if top is not None else [],
-            top_logprobs=top.values.tolist() if top is not None else [],
-        ))
+    out: list[Optional[TokenLogprobs]] = [None] * len(tokens)
+    for n in {n for n in wanted if n is not None}:
+        rows = [i for i, w in enumerate(wanted) if w == n]
+        chosen = torch.tensor([tokens[i] for i in rows], dtype=torch.long)
+        values, ranks, top_ids, top_values = rank_logprobs(logprobs[rows], chosen, n)
+        for j, i in enumerate(rows):
+            out[i] = TokenLogprobs(logprob=values[j], rank=ranks[j], top_token_ids=top_ids[j],
+                                   top_logprobs=top_values[j])
     return out
+
+
+def rank_logprobs(logprobs: torch.Tensor, chosen: torch.Tensor, top_n: int):
+    """For rows of logprobs [R, V] and one chosen token a row: its logprob, its rank (1 + how many tokens
+    are strictly likelier, as vLLM counts) and the top_n tokens and logprobs, as Python lists."""
+    values = logprobs.gather(1, chosen[:, None])
+    ranks = (logprobs > values).sum(dim=-1) + 1
+    if top_n > 0:
+        top = logprobs.topk(top_n, dim=-1)
+        top_ids, top_values = top.indices.tolist(), top.values.tolist()
+    else:
+        top_ids, top_values = [[] for _ in range(len(chosen))], [[] for _ in range(len(chosen))]
+    return values[:, 0].tolist(), ranks.tolist(), top_ids, top_values

@@ -109,6 +109,22 @@ def encode(tokenizer, text: str, **kwargs) -> list[int]:
     return ids
 
 
+def bad_words_token_ids(tokenizer, words: list[str], vocab_size: int) -> list[list[int]]:
+    """Each bad word as the model would write it: its tokens alone and after a space (when a space
+    tokenizes it differently, not merely with a space token first), as vLLM tokenizes bad_words."""
+    out: list[list[int]] = []
+    for word in words:
+        plain = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+        spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+        out.append(plain)
+        if spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
+            out.append(spaced)
+    bad = sorted({t for ids in out for t in ids if not 0 <= t < vocab_size})
+    if bad or not all(out):
+        raise ValueError(f"bad_words: the tokenizer gives token ids {bad} outside the vocabulary [0, {vocab_size})")
+    return out
+
+
 def release_free_memory() -> None:
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)

@@ -37,8 +37,12 @@ class WireSamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid
     max_tokens: Optional[int] = 16
     min_tokens: int = 0
     logprobs: Optional[int] = None
+    prompt_logprobs: Optional[int] = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    allowed_token_ids: Optional[list[int]] = None
+    bad_words: Optional[list[str]] = None
+    truncate_prompt_tokens: Optional[int] = None
 
 
 class AddRequest(msgspec.Struct, tag="add_request", frozen=True):
@@ -79,6 +83,8 @@ class RequestOutputDelta(msgspec.Struct, tag="request_output", frozen=True):
     finished: bool
     prompt_token_ids: Optional[list[int]] = None  # sent with the first delta only
     num_cached_tokens: int = 0
+    # with the first delta only, when asked for: one entry per prompt token, None for the first
+    prompt_logprobs: Optional[list[Optional[list[TokenLogprob]]]] = None
 
 
 class ErrorReply(msgspec.Struct, tag="error", frozen=True):

@@ -59,3 +59,44 @@ def test_min_tokens_and_ignore_eos(smollm, greedy_reference):
     assert out.outputs[0].token_ids[:7] == ref["output_ids"][:7]
     out = smollm.generate(prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False)[0]
     assert len(out.outputs[0].token_ids) == 12 and out.outputs[0].finish_reason == "length"
+
+
+def test_bad_words_allowed_tokens_and_truncation_on_the_real_model(smollm):
+    prompt = "The capital of France is"
+    greedy = SamplingParams(temperature=0, max_tokens=8)
+    plain = smollm.generate(prompt, greedy, use_tqdm=False)[0].outputs[0].text
+    assert "Paris" in plain
+    banned = smollm.generate(prompt, SamplingParams(temperature=0, max_tokens=8, bad_words=["Paris"]),
+                             use_tqdm=False)[0].outputs[0].text
+    assert "Paris" not in banned and banned != plain
+
+    tok = smollm.get_tokenizer()
+    allowed = tok.encode(" yes no", add_special_tokens=False)
+    out = smollm.generate(prompt, SamplingParams(temperature=0, max_tokens=5, allowed_token_ids=allowed),
+                          use_tqdm=False)[0].outputs[0]
+    assert set(out.token_ids) <= set(allowed)
+
+    ids = tok.encode("one two three four five six seven eight")
+    cut = smollm.generate({"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=4,
+                                                                    truncate_prompt_tokens=3), use_tqdm=False)[0]
+    tail = smollm.generate({"prompt_token_ids": ids[-3:]}, SamplingParams(temperature=0, max_tokens=4),
+                           use_tqdm=False)[0]
+    assert cut.prompt_token_ids == ids[-3:] and cut.outputs[0].token_ids == tail.outputs[0].token_ids
+
+
+def test_chat_takes_text_parts_and_template_kwargs(smollm):
+    as_string = smollm.chat([{"role": "user", "content": "Say hi."}], SamplingParams(temperature=0, max_tokens=4),
+                            use_tqdm=False)[0]
+    as_parts = smollm.chat([{"role": "user", "content": [{"type": "text", "text": "Say "}, {"type": "text",
+                                                                                        "text": "hi."}]}],
+                           SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)[0]
+    assert as_parts.prompt == as_string.prompt and as_parts.outputs[0].text == as_string.outputs[0].text
+    template = "{% for m in messages %}{{ m['content'] | upper if shout else m['content'] }}{% endfor %}"
+    loud = smollm.chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=1), use_tqdm=False,
+                       chat_template=template, chat_template_kwargs={"shout": True})[0]
+    quiet = smollm.chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=1), use_tqdm=False,
+                        chat_template=template, chat_template_kwargs={"shout": False})[0]
+    assert (loud.prompt, quiet.prompt) == ("HI", "hi")
+    with pytest.raises(ValueError, match="image_url"):
+        smollm.chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+                    use_tqdm=False)

@@ -112,6 +112,20 @@ def test_token_ids_logprobs_and_n(sock, greedy_reference):
     assert seen == {0, 1}
 
 
+def test_prompt_logprobs_come_with_the_first_message(sock, greedy_reference):
+    ids = greedy_reference["prompts"][1]["prompt_ids"]
+    send(sock, {"type": "add_request", "request_id": "p1", "prompt_token_ids": ids,
+                "params": {"temperature": 0, "max_tokens": 3, "prompt_logprobs": 1}})
+    messages = []
+    while not (messages and messages[-1]["finished"]):
+        messages.append(recv(sock))
+    first = messages[0]["prompt_logprobs"]
+    assert len(first) == len(ids) and first[0] is None
+    assert all(entry[0][0] == token and entry[0][2] >= 1 and len(entry) <= 2
+               for entry, token in zip(first[1:], ids[1:]))
+    assert all(m.get("prompt_logprobs") is None for m in messages[1:])
+
+
 @pytest.mark.parametrize("frames", [
     [b"\x00\xffnot msgpack"],
     [msgspec.msgpack.encode({"type": "launch_missiles"})],

@@ -12,6 +12,12 @@ BAD = [
     ("min_tokens", {"min_tokens": 5, "max_tokens": 2}), ("logprobs", {"logprobs": 21}),
     ("logprobs", {"logprobs": -1}), ("stop", {"stop": [""]}), ("stop_token_ids", {"stop_token_ids": ["x"]}),
     ("logit_bias", {"logit_bias": {"abc": 1.0}}), ("seed", {"seed": "s"}),
+    ("prompt_logprobs", {"prompt_logprobs": 21}), ("prompt_logprobs", {"prompt_logprobs": -1}),
+    ("allowed_token_ids", {"allowed_token_ids": []}), ("allowed_token_ids", {"allowed_token_ids": ["x"]}),
+    ("allowed_token_ids", {"allowed_token_ids": 5}), ("bad_words", {"bad_words": [" "]}),
+    ("bad_words", {"bad_words": "word"}), ("bad_words", {"bad_words": ["x"] * 257}),
+    ("truncate_prompt_tokens", {"truncate_prompt_tokens": 0}),
+    ("truncate_prompt_tokens", {"truncate_prompt_tokens": -2}),
 ]
 
 
@@ -30,12 +36,25 @@ def test_defaults_and_normalisation():
 @pytest.mark.parametrize("kwargs,field", [
     ({"stop_token_ids": [100]}, "stop_token_ids"), ({"stop_token_ids": [-1]}, "stop_token_ids"),
     ({"logit_bias": {100: 2.0}}, "logit_bias"), ({"logit_bias": {-1: 2.0}}, "logit_bias"),
+    ({"allowed_token_ids": [5, 100]}, "allowed_token_ids"),
 ])
 def test_token_ids_checked_against_the_vocab(kwargs, field):
     with pytest.raises(ValueError, match=field) as err:
         SamplingParams(**kwargs).verify_for_model(vocab_size=100, can_detokenize=True)
     assert "100" in str(err.value)
     SamplingParams(stop_token_ids=[99], logit_bias={0: 1}).verify_for_model(100, True)
+
+
+def test_truncation_keeps_the_last_tokens_and_children_share_one_set_of_prompt_logprobs():
+    from actorserve.runtime.engine.sampling_params import truncate_prompt
+
+    assert truncate_prompt([1, 2, 3, 4], 2, 100) == [3, 4]
+    assert truncate_prompt([1, 2, 3, 4], 9, 100) == [1, 2, 3, 4]
+    assert truncate_prompt(list(range(10)), -1, 4) == [7, 8, 9]  # room left for one token
+    with pytest.raises(ValueError, match="truncate_prompt_tokens"):
+        truncate_prompt([1, 2], 0, 100)
+    p = SamplingParams(n=3, prompt_logprobs=2)
+    assert [p.child(i).prompt_logprobs for i in range(3)] == [2, None, None]
 
 
 def test_prompt_ids_checked():

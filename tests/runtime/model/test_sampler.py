@@ -136,3 +136,23 @@ def test_logprobs_are_raw_and_ranked():
     assert math.isclose(lp.logprob, float(raw[5]), rel_tol=1e-6)
     assert lp.top_token_ids == [0, 1, 2]
     assert lp.top_logprobs == pytest.approx(raw[:3].tolist())
+
+
+def test_allowed_token_ids_limit_the_draw_but_not_the_logprobs():
+    s = spec(allowed_token_ids=[2, 5], logprobs=1)
+    counts = draw(s, n=2000)
+    assert counts[2] > 0 and counts[5] > 0 and counts.sum() == counts[2] + counts[5]
+    row = SamplingRow(spec(temperature=0.0, allowed_token_ids=[3, 6], logprobs=1), None, [], [])
+    tokens, logprobs = Sampler(0)(LOGITS[None, :], [row])
+    assert tokens == [3]
+    assert logprobs[0].top_token_ids == [0]  # from the raw logits, as vLLM's default logprobs
+
+
+def test_bad_words_ban_the_token_that_would_complete_them():
+    greedy = dict(temperature=0.0)
+    one = SamplingRow(spec(bad_words_token_ids=[[0]], **greedy), None, [], [])
+    assert Sampler(0)(LOGITS[None, :], [one])[0] == [1]
+    # the two-token word [4, 0]: banned only right after a 4
+    after = SamplingRow(spec(bad_words_token_ids=[[4, 0]], **greedy), None, [], [7, 4])
+    before = SamplingRow(spec(bad_words_token_ids=[[4, 0]], **greedy), None, [], [4, 7])
+    assert Sampler(0)(LOGITS.repeat(2, 1), [after, before])[0] == [1, 0]

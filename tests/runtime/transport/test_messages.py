@@ -5,8 +5,8 @@ import msgspec
 import pytest
 import torch
 
-from actorserve.runtime.engine.batch import (ModelRunnerOutput, NewRequest, SamplingSpec, ScheduledChunk, SchedulerOutput,
-                                  TokenLogprobs)
+from actorserve.runtime.engine.batch import (ModelRunnerOutput, NewRequest, PromptLogprobs, SamplingSpec,
+                                             ScheduledChunk, SchedulerOutput, TokenLogprobs)
 from actorserve.runtime.transport import messages as m
 from actorserve.runtime.transport.codec import Codec, ProtocolError
 
@@ -17,12 +17,15 @@ EXAMPLES = [
     m.AbortRequest("r1"),
     m.RequestOutputDelta("r1", [m.SampleDelta(0, [5, 6], "ab", [[m.TokenLogprob(5, -0.1, 1, "a")]], "stop", "x")],
                          True, [1, 2, 3], 16),
+    m.RequestOutputDelta("r1", [], False, [1, 2], 0, [None, [m.TokenLogprob(2, -1.5, 3, "b"),
+                                                              m.TokenLogprob(1, -0.2, 1, "a")]]),
     m.ErrorReply("ValueError", "top_p must be in (0, 1]", "r9"),
     m.HealthPing(7),
     m.HealthPong(7, 3, 1, 0.25),
     m.ExecuteBatch(SchedulerOutput(4, [NewRequest("a", [1, 2], SPEC)],
                                    [ScheduledChunk("a", [1, 2], 0, [3], True)], ["old"])),
     m.StepResult(ModelRunnerOutput(4, {"a": 9}, {"a": TokenLogprobs(-0.5, 2, [1, 9], [-0.1, -0.5])})),
+    m.StepResult(ModelRunnerOutput(5, {}, {}, {"a": PromptLogprobs(1, [-2.0], [4], [[7]], [[-0.5]])})),
     m.WorkerReady(0, 49152, 2, 8192, 100),
     m.Shutdown("test"),
 ]
