@@ -6,42 +6,19 @@ import dataclasses
 import sys
 from typing import Optional, Sequence
 
+from actorserve.engine_flags import add_engine_arguments, engine_kwargs, expand_config_file
 from actorserve.runtime.errors import ActorServeError
-from actorserve.runtime.model.quantization import METHODS
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="a .gguf file or HF directory (default: embedded SmolLM2)")
-    p.add_argument("--tokenizer", default=None,
-                   help="a tokenizer directory or file (default: the model's own), for every process")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--quantization", "-q", default=None, choices=list(METHODS),
-                   help="; ".join(f"{m.name}: {m.summary}" for m in METHODS.values()))
-    p.add_argument("--enforce-eager", action="store_true",
-                   help="run every step through the model's modules (no decode fast path), as vLLM's flag")
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    p.add_argument("--kv-cache-memory", type=int, default=None, help="KV cache budget in bytes")
-    p.add_argument("--no-prefix-caching", action="store_true")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1, help="worker stages, one process each")
-    p.add_argument("--cpu-isa", default=None, choices=["avx512", "avx2", "generic"],
-                   help="the fast paths of a lesser CPU than this one (as ACTORSERVE_CPU_ISA)")
-    p.add_argument("--max-n", type=int, default=128, help="the most samples (n) one request may ask for")
-    p.add_argument("--hang-timeout", type=float, default=30.0,
-                   help="seconds without a heartbeat after which a process of the engine is declared hung (dead)")
-    p.add_argument("--max-request-body-bytes", type=int, default=4 << 20,
-                   help="the largest HTTP request body, and the largest ZMQ message, a client may send")
+    p.add_argument("--model", default=None, help="a .gguf file, an HF model directory, or an HF hub id in the "
+                                                 "local HF cache (default: the embedded SmolLM2)")
+    p.add_argument("--config", metavar="FILE", help="a YAML file of these flags (flags given here win)")
+    add_engine_arguments(p)
 
 
 def _engine_kwargs(a: argparse.Namespace) -> dict:
-    isa = {} if a.cpu_isa is None else {"cpu_isa": a.cpu_isa}  # unset: ACTORSERVE_CPU_ISA, or this CPU
-    return dict(**isa, tokenizer=a.tokenizer, dtype=a.dtype, quantization=a.quantization, enforce_eager=a.enforce_eager, max_model_len=a.max_model_len,
-                max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens, kv_cache_memory=a.kv_cache_memory,
-                enable_prefix_caching=not a.no_prefix_caching, seed=a.seed,
-                pipeline_parallel_size=a.pipeline_parallel_size, max_n=a.max_n, hang_timeout=a.hang_timeout,
-                max_request_body_bytes=a.max_request_body_bytes)
+    return engine_kwargs(a)
 
 
 def _generate(a: argparse.Namespace) -> int:
@@ -99,14 +76,17 @@ def _engine_from(a: argparse.Namespace, **extra):
 def _serve_http(a: argparse.Namespace) -> int:
     import uvloop
 
-    from actorserve.frontend.server import serve
-
-    from actorserve.frontend.server import HttpLimits
+    from actorserve.frontend.server import HttpLimits, ServeOptions, check_address_free, read_chat_template, serve
 
     a.model = a.model_tag or a.model
     limits = HttpLimits(**{f.name: getattr(a, f.name) for f in dataclasses.fields(HttpLimits)}).validate()
+    options = ServeOptions(served_model_names=tuple(a.served_model_name or ()), api_key=a.api_key,
+                           chat_template=read_chat_template(a.chat_template),
+                           generation_config=a.generation_config, uvicorn_log_level=a.uvicorn_log_level,
+                           access_log=not a.disable_uvicorn_access_log, log_requests=not a.disable_log_requests)
+    check_address_free(a.host, a.port)  # before the model loads: a taken port fails at once
     engine = _engine_from(a, client_address=a.zmq_address, client_api_key=a.zmq_api_key)
-    return uvloop.run(serve(engine, a.host, a.port, a.model, a.served_model_name, a.api_key, limits))
+    return uvloop.run(serve(engine, a.host, a.port, a.model, options, limits))
 
 
 def _http_limit_args(p: argparse.ArgumentParser) -> None:
@@ -134,7 +114,7 @@ def _run_batch(a: argparse.Namespace) -> int:
     async def run() -> list[dict]:
         engine = _engine_from(a)
         try:
-            ctx = await build_context(engine, a.model, a.served_model_name)
+            ctx = await build_context(engine, a.model, a.served_model_name or ())
             return await run_batch(ctx, lines)
         finally:
             await engine.close()
@@ -196,7 +176,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     http.add_argument("--host", default="127.0.0.1")
     http.add_argument("--port", type=int, default=8000)
     http.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1")
-    http.add_argument("--served-model-name", default=None)
+    http.add_argument("--served-model-name", nargs="+", default=None,
+                      help="the names the API answers to (the first is the one reported); default: the model's")
+    http.add_argument("--chat-template", default=None,
+                      help="a chat template file, or the template itself, for requests that give none")
+    http.add_argument("--generation-config", default="auto",
+                      help="auto: the model's generation_config.json gives the sampling defaults of requests "
+                           "(as vLLM); vllm: none; or a folder holding a generation_config.json")
+    http.add_argument("--uvicorn-log-level", default="info",
+                      choices=["critical", "error", "warning", "info", "debug", "trace"])
+    http.add_argument("--disable-uvicorn-access-log", action="store_true", help="no access log line per request")
+    http.add_argument("--disable-log-requests", action="store_true",
+                      help="no log line per request naming its prompt size and sampling parameters")
     http.add_argument("--zmq-address", default=None,
                       help="also serve the ZMQ client protocol (docs/protocol.md) here: tcp://HOST:PORT or ipc://PATH")
     http.add_argument("--zmq-api-key", default=None, help="every ZMQ client message must carry this api_key")
@@ -205,10 +196,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     batch = sub.add_parser("run-batch", help="run an OpenAI batch file (JSONL) offline")
     batch.add_argument("-i", "--input-file", required=True)
     batch.add_argument("-o", "--output-file", required=True)
-    batch.add_argument("--served-model-name", default=None)
+    batch.add_argument("--served-model-name", nargs="+", default=None)
     _engine_args(batch)
     _bench_parsers(sub)
-    args = parser.parse_args(argv)
+    args = parser.parse_args(expand_config_file(list(sys.argv[1:] if argv is None else argv)))
     commands = {"generate": _generate, "serve-zmq": _serve_zmq, "serve": _serve_http, "run-batch": _run_batch,
                 "bench": _bench}
     try:

@@ -26,6 +26,7 @@ class LLM:
     (an AsyncEngine on a background loop)."""
 
     def __init__(self, model: Optional[str] = None, **engine_args: Any) -> None:
+        engine_args.setdefault("disable_log_stats", True)  # an offline run has its progress bar (as vLLM)
         self.config = EngineConfig.from_engine_args(model, **engine_args)
         setup_logging(self.config.runtime.log_level)
         self._ids = itertools.count()

@@ -63,9 +63,10 @@ def build_app(ctx: ServingContext, api_key: Optional[str] = None) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": ctx.model_name, "object": "model", "created": now(),
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": now(),
                                             "owned_by": "actorserve", "root": ctx.model_name,
-                                            "max_model_len": ctx.max_model_len}]}
+                                            "max_model_len": ctx.max_model_len}
+                                           for name in ctx.served_model_names or (ctx.model_name,)]}
 
     @app.get("/health")
     async def health():
@@ -79,12 +80,8 @@ def build_app(ctx: ServingContext, api_key: Optional[str] = None) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics():
-        running = waiting = 0
-        usage = 0.0
-        if not ctx.engine.is_dead:
-            pong = await ctx.engine.check_health()
-            running, waiting, usage = pong.num_running, pong.num_waiting, pong.kv_cache_usage
-        return Response(ctx.metrics.render(running, waiting, usage), media_type="text/plain; version=0.0.4")
+        pong = None if ctx.engine.is_dead else await ctx.engine.check_health()
+        return Response(ctx.metrics.render(pong), media_type="text/plain; version=0.0.4")
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):

@@ -133,11 +133,14 @@ class _SamplingFields(_Schema):
                       and name not in ACCEPTED_UNUSED)
 
     def sampling_params(self, max_tokens: Optional[int], logprobs: Optional[int],
-                        prompt_logprobs: Optional[int] = None) -> SamplingParams:
-        """Raises ValueError naming the field, exactly as the Python API does."""
-        given = {name: getattr(self, name) for name in (
+                        prompt_logprobs: Optional[int] = None, defaults: Optional[dict] = None) -> SamplingParams:
+        """Raises ValueError naming the field, exactly as the Python API does. A field the request leaves
+        unset takes ``defaults`` (the model's generation config), then SamplingParams' own."""
+        defaults = defaults or {}
+        given = {name: getattr(self, name) if getattr(self, name) is not None else defaults.get(name) for name in (
             "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-            "repetition_penalty") if getattr(self, name) is not None}
+            "repetition_penalty")}
+        given = {name: value for name, value in given.items() if value is not None}
         return SamplingParams(
             n=self.n, seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
             logit_bias=self.logit_bias, ignore_eos=self.ignore_eos, min_tokens=self.min_tokens,

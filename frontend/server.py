@@ -11,10 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
+import os
 import signal
+import socket
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import uvicorn
 
@@ -43,15 +46,82 @@ class HttpLimits:
         return self
 
 
-def new_context(engine, model: Optional[str], served_model_name: Optional[str]) -> ServingContext:
+@dataclass(frozen=True)
+class ServeOptions:
+    """What ``actorserve serve`` adds to the engine's config: names, templates, logs."""
+
+    served_model_names: tuple[str, ...] = ()  # the first is the one reported; default: the model's
+    api_key: Optional[str] = None
+    chat_template: Optional[str] = None
+    generation_config: str = "auto"  # "auto": the model's generation_config.json; "vllm": none; or a folder
+    uvicorn_log_level: str = "info"
+    access_log: bool = True
+    log_requests: bool = True
+
+
+def check_address_free(host: str, port: int) -> None:
+    """Bind the address once and let it go: a port in use is an error at once, not after the model loads."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds it
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            raise ValueError(f"cannot listen on http://{host}:{port}: {exc.strerror}") from None
+
+
+def read_chat_template(value: Optional[str]) -> Optional[str]:
+    """--chat-template: a file's text, or the template itself when no such file exists."""
+    if value is None or not os.path.isfile(value):
+        return value
+    with open(value) as f:
+        return f.read()
+
+
+def generation_defaults(choice: str, model: Optional[str]) -> dict:
+    """The sampling defaults a generation_config.json gives (vLLM's --generation-config): what a request
+    leaves unset takes them. "vllm": none; "auto": the model directory's file, if it has one."""
+    if choice == "vllm":
+        return {}
+    if choice == "auto":
+        from actorserve.runtime.model.loader import resolve_model_path
+
+        folder = resolve_model_path(model)
+        if not os.path.isdir(folder):
+            return {}  # a GGUF file carries no generation config
+    else:
+        folder = choice
+    path = os.path.join(folder, "generation_config.json")
+    if not os.path.isfile(path):
+        if choice != "auto":
+            raise ValueError(f"--generation-config: {path} does not exist")
+        return {}
+    with open(path) as f:
+        config = json.load(f)
+    names = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+             "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
+    defaults = {ours: config[theirs] for theirs, ours in names.items() if config.get(theirs) is not None}
+    if defaults:
+        log.info("sampling defaults from %s (requests that leave them unset take them): %s", path, defaults)
+    return defaults
+
+
+def new_context(engine, model: Optional[str], served_model_names: Sequence[str] = (),
+                options: Optional[ServeOptions] = None) -> ServingContext:
     """A context whose engine has not started yet: ``complete_context`` fills in the rest."""
     from actorserve.runtime.model.loader import DEFAULT_MODEL_NAME
 
-    name = served_model_name or (model if model is not None else DEFAULT_MODEL_NAME)
-    return ServingContext(engine, None, name, 0, 0, FrontendMetrics(name))
+    names = tuple(served_model_names) or (model if model is not None else DEFAULT_MODEL_NAME,)
+    options = options or ServeOptions()
+    return ServingContext(engine, None, names[0], 0, 0, FrontendMetrics(names[0]), served_model_names=names,
+                          chat_template=options.chat_template, log_requests=options.log_requests)
 
 
-async def complete_context(ctx: ServingContext, model: Optional[str]) -> None:
+async def complete_context(ctx: ServingContext, model: Optional[str], generation_config: str = "vllm") -> None:
     """Start the engine and load the tokenizer side by side: the engine's own (``--tokenizer`` is in its
     config, so the scheduler detokenizes with the one this process tokenizes with)."""
     from actorserve.runtime.model.loader import resolve_model_path
@@ -70,21 +140,26 @@ async def complete_context(ctx: ServingContext, model: Optional[str]) -> None:
     ctx.tokenizer, ctx.max_model_len, ctx.vocab_size = tokenizer, info["max_model_len"], info["vocab_size"]
     ctx.max_n = ctx.engine.config.scheduler.max_n
     ctx.max_token_chars = await asyncio.get_running_loop().run_in_executor(None, max_token_chars, tokenizer)
+    ctx.default_sampling = generation_defaults(generation_config, model)
+    config = ctx.engine.config
+    ctx.metrics.set_cache_config(config.cache.block_size, info["num_kv_blocks"], config.cache.enable_prefix_caching,
+                                 config.model.dtype)
 
 
-async def build_context(engine, model: Optional[str], served_model_name: Optional[str]) -> ServingContext:
-    ctx = new_context(engine, model, served_model_name)
+async def build_context(engine, model: Optional[str], served_model_names: Sequence[str] = ()) -> ServingContext:
+    ctx = new_context(engine, model, served_model_names)
     await complete_context(ctx, model)
     return ctx
 
 
-async def serve(engine, host: str, port: int, model: Optional[str], served_model_name: Optional[str] = None,
-                api_key: Optional[str] = None, limits: HttpLimits = HttpLimits()) -> int:
-    ctx = new_context(engine, model, served_model_name)
-    ctx.ready = asyncio.ensure_future(complete_context(ctx, model))
-    app = BodyLimit(build_app(ctx, api_key), engine.config.runtime.max_request_body_bytes,
+async def serve(engine, host: str, port: int, model: Optional[str], options: ServeOptions = ServeOptions(),
+                limits: HttpLimits = HttpLimits()) -> int:
+    ctx = new_context(engine, model, options.served_model_names, options)
+    ctx.ready = asyncio.ensure_future(complete_context(ctx, model, options.generation_config))
+    app = BodyLimit(build_app(ctx, options.api_key), engine.config.runtime.max_request_body_bytes,
                     limits.request_read_timeout)
-    server = _Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
+    server = _Server(uvicorn.Config(app, host=host, port=port, log_level=options.uvicorn_log_level,
+                                    access_log=options.access_log, lifespan="off",
                                     timeout_graceful_shutdown=3, timeout_keep_alive=limits.timeout_keep_alive,
                                     limit_concurrency=limits.limit_concurrency,
                                     http=header_timeout_protocol(limits.request_read_timeout)))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import json
 import logging
 import time
@@ -45,6 +46,9 @@ class ServingContext:
     max_n: int = 128
     max_token_chars: int = 1  # the longest token, in characters: the bound of the cheap length check
     chat_template: Optional[str] = None  # the server's --chat-template: for requests that give none
+    served_model_names: tuple[str, ...] = ()  # every name a request may give (model_name is the first)
+    default_sampling: dict = field(default_factory=dict)  # --generation-config: for fields a request leaves unset
+    log_requests: bool = True
     # one thread: tokenizing is CPU work, and a queue of it must not take every core from the engine
     pool: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tokenize"))
@@ -66,8 +70,12 @@ class ServingContext:
         return self.ready is not None and (not self.ready.done() or self.ready.cancelled()
                                            or self.ready.exception() is not None)
 
+    def response_name(self, requested: Optional[str]) -> str:
+        """The name a response carries: the one the request used, if it is one of the served names."""
+        return requested if requested in self.served_model_names else self.model_name
+
     def check_model(self, name: Optional[str]) -> None:
-        if name is not None and name != self.model_name:
+        if name is not None and name != self.model_name and name not in self.served_model_names:
             raise APIError(404, f"The model `{name}` does not exist.", "model")
 
     @property
@@ -110,8 +118,10 @@ class ServingContext:
                 prompt.token_ids = ids
                 prompt.text = None if prompt.text is None else self.tokenizer.decode(ids)
             if max_tokens is None:
-                max_tokens = max(1, self.max_model_len - len(prompt.token_ids))
-            params = request.sampling_params(max_tokens, logprobs, prompt_logprobs)
+                max_tokens = self.default_sampling.get("max_tokens")
+                room = max(1, self.max_model_len - len(prompt.token_ids))
+                max_tokens = room if max_tokens is None else min(max_tokens, room)
+            params = request.sampling_params(max_tokens, logprobs, prompt_logprobs, self.default_sampling)
             verify_request(prompt.token_ids, params, self.limits)
         except ValueError as exc:
             raise APIError.bad_request(exc) from None
@@ -141,13 +151,14 @@ class ServingContext:
 
     async def stream(self, prompt: Prompt, params: SamplingParams, request_id: str) -> AsyncIterator[RequestOutput]:
         """The engine's cumulative outputs for one prompt, timed; engine refusals become 400s."""
+        if self.log_requests:
+            log.info("request %s: %d prompt tokens, %s", request_id, len(prompt.token_ids), _changed(params))
         timer = self.metrics.request_timer()
         last = None
         try:
             async for out in self.engine.generate({"prompt_token_ids": prompt.token_ids, "prompt": prompt.text},
                                                   params, request_id):
-                if any(o.token_ids for o in out.outputs):
-                    timer.token()
+                timer.tokens_seen(sum(len(o.token_ids) for o in out.outputs))
                 last = out
                 yield out
         except ValueError as exc:
@@ -156,14 +167,24 @@ class ServingContext:
             raise APIError(503, str(exc)) from None
         finally:
             if last is not None:
-                timer.finish(len(last.prompt_token_ids), sum(len(o.token_ids) for o in last.outputs),
-                             last.num_cached_tokens, [o.finish_reason for o in last.outputs])
+                timer.finish(last)
 
     async def final(self, prompt: Prompt, params: SamplingParams, request_id: str) -> RequestOutput:
         last = None
         async for out in self.stream(prompt, params, request_id):
             last = out
         return last
+
+
+_DEFAULTS = SamplingParams()
+_LOGGED_CHARS = 300
+
+
+def _changed(params: SamplingParams) -> str:
+    """The fields a request set, for its log line, cut short (a request may carry kilobytes of them)."""
+    fields = ", ".join(f"{f.name}={getattr(params, f.name)!r}" for f in dataclasses.fields(params)
+                       if getattr(params, f.name) != getattr(_DEFAULTS, f.name))
+    return f"params: {fields[:_LOGGED_CHARS]}{'...' if len(fields) > _LOGGED_CHARS else ''}"
 
 
 async def _prepend(first, rest: AsyncIterator) -> AsyncIterator:

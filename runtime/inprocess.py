@@ -6,12 +6,13 @@ puts a whole engine in the caller's process for the offline ``LLM``.
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 from actorserve.kernels import capability
 from actorserve.runtime.config import EngineConfig
 from actorserve.runtime.engine.core import EngineCore, ModelFacts
-from actorserve.runtime.model.loader import LoadedModel, load_model
+from actorserve.runtime.model.loader import LoadedModel, load_model, resolve_model_path
 from actorserve.runtime.model.runner import ModelRunner, kv_bytes_per_block
 
 log = logging.getLogger("actorserve")
@@ -27,11 +28,14 @@ def model_facts(loaded: LoadedModel, config: EngineConfig, num_blocks: int) -> M
 
 
 def num_kv_blocks(loaded: LoadedModel, config: EngineConfig, per_block: int) -> int:
-    budget = config.cache.resolved_kv_cache_memory()
+    budget, source = config.cache.kv_cache_budget()
     max_len = config.model.max_model_len or loaded.cfg.max_position_embeddings
     # More than every sequence at full length can never be used.
     useful = config.scheduler.max_num_seqs * -(-max_len // config.cache.block_size)
-    return max(0, min(budget // per_block, useful))
+    blocks = max(0, min(budget // per_block, useful))
+    log.info("KV cache budget %.2f GiB (%s)%s", budget / 2**30, source,
+             f"; {blocks} blocks hold every sequence at full length" if blocks == useful else "")
+    return blocks
 
 
 def load_worker(config: EngineConfig, with_tokenizer: bool, pp_rank: int = 0,
@@ -45,6 +49,10 @@ def load_worker(config: EngineConfig, with_tokenizer: bool, pp_rank: int = 0,
     paths = config.device.resolve()
     capability.use(paths)  # before any kernel is built or weight prepacked
     started = time.perf_counter()
+    path = resolve_model_path(m.model)
+    log.info("loading %s (%.1f MiB)%s", path, _size(path) / 2**20,
+             f", pipeline stage {pp_rank + 1} of {config.parallel.pipeline_parallel_size}"
+             if config.parallel.pipeline_parallel_size > 1 else "")
     loaded = load_model(m.model, m.dtype, max_positions=max_len, tokenizer=m.tokenizer,
                         skip_tokenizer=m.skip_tokenizer_init or not with_tokenizer, pp_rank=pp_rank,
                         pp_size=config.parallel.pipeline_parallel_size, quantization=m.quantization)
@@ -52,14 +60,24 @@ def load_worker(config: EngineConfig, with_tokenizer: bool, pp_rank: int = 0,
         raise ValueError(f"max_model_len {max_len} exceeds the model's context length "
                          f"{loaded.cfg.max_position_embeddings}")
     loaded_at = time.perf_counter()
+    log.info("weights loaded in %.2f s: %.1f M parameters in %s%s", loaded_at - started,
+             loaded.model.num_parameters() / 1e6, str(loaded.model.dtype).removeprefix("torch."),
+             f", {m.quantization}" if m.quantization else "")
     per_block = kv_bytes_per_block(loaded.cfg, config.cache.block_size, loaded.model.dtype)
     blocks = num_kv_blocks(loaded, config, per_block)
     runner = ModelRunner(loaded.model, blocks, config.cache.block_size, seed=m.seed, fast_decode=not m.enforce_eager)
     log.info("%s; decode fast path: %s", paths.describe(), "on" if runner.fast_decode is not None else "off")
-    log.info("model loaded in %.2f s; KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB), allocated in %.2f s",
-             loaded_at - started, blocks, config.cache.block_size, blocks * config.cache.block_size,
+    log.info("KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB), allocated in %.2f s",
+             blocks, config.cache.block_size, blocks * config.cache.block_size,
              blocks * per_block / 2**20, time.perf_counter() - loaded_at)
     return runner, model_facts(loaded, config, blocks), loaded
+
+
+def _size(path: str) -> int:
+    """A file's size, or a directory's files' together."""
+    if os.path.isdir(path):
+        return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+    return os.path.getsize(path)
 
 
 def build_engine(config: EngineConfig) -> tuple[EngineCore, LoadedModel]:

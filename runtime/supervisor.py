@@ -49,8 +49,9 @@ class Supervisor:
         """Every child's ready info; the first failure or death raises EngineStartError with its reason."""
         loop = asyncio.get_running_loop()
         pending = {c.name: loop.create_future() for c in self.children}
+        started = loop.time()
         for child in self.children:
-            loop.add_reader(child.ready.fileno(), _read_ready, child, pending[child.name])
+            loop.add_reader(child.ready.fileno(), _read_ready, child, pending[child.name], started)
             loop.add_reader(child.sentinel, _died_early, child, pending[child.name])
         try:
             done, waiting = await asyncio.wait(pending.values(), timeout=timeout, return_when=asyncio.FIRST_EXCEPTION)
@@ -164,7 +165,7 @@ class Supervisor:
             shutil.rmtree(self._cleanup_dir, ignore_errors=True)
 
 
-def _read_ready(child: Child, fut: asyncio.Future) -> None:
+def _read_ready(child: Child, fut: asyncio.Future, started: float = 0.0) -> None:
     if fut.done():
         return
     line = child.ready.readline()
@@ -172,6 +173,8 @@ def _read_ready(child: Child, fut: asyncio.Future) -> None:
         return  # EOF: the sentinel reports the death
     report = json.loads(line)
     if report["kind"] == "ready":
+        elapsed = asyncio.get_running_loop().time() - started
+        log.info("%s ready in %.2f s (pid %d)", child.name, elapsed, child.process.pid)
         fut.set_result(report.get("info", {}))
     else:
         fut.set_exception(EngineStartError(report.get("message", "start-up failed")))

@@ -11,29 +11,25 @@ from actorserve.benchmarks.stats import summary_ms
 
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    """The engine flags every command takes (``actorserve.engine_flags``), with the benchmarks' defaults,
+    and the workload's own."""
+    from actorserve.engine_flags import add_engine_arguments as engine_arguments
+
     p.add_argument("--model", default=None)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--quantization", "-q", default=None, choices=["int8"])
-    p.add_argument("--enforce-eager", action="store_true", help="no decode fast path (every step through the modules)")
-    p.add_argument("--max-model-len", type=int, default=2048)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    p.add_argument("--kv-cache-memory", type=int, default=2 << 30,
-                   help="bytes (default 2 GiB: 256 sequences of 256 tokens of SmolLM2 in bf16 take 1.5 GB)")
+    p.add_argument("--config", metavar="FILE", help="a YAML file of these flags (flags given here win)")
+    engine_arguments(p)
+    # 2 GiB of KV: 256 sequences of 256 tokens of SmolLM2 in bf16 take 1.5 GB
+    p.set_defaults(dtype="float32", max_model_len=2048, kv_cache_memory=2 << 30, seed=0)
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--result-file", default=None)
-    p.add_argument("--skip-tokenizer-init", action="store_true", help="token ids only (no tokenizer needed)")
 
 
 def _llm(args):
     from actorserve import LLM
+    from actorserve.engine_flags import engine_kwargs
 
-    return LLM(args.model, dtype=args.dtype, quantization=args.quantization, enforce_eager=args.enforce_eager,
-               max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-               max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory=args.kv_cache_memory,
-               skip_tokenizer_init=args.skip_tokenizer_init)
+    return LLM(args.model, **engine_kwargs(args))
 
 
 def _prompts(count: int, length: int, vocab: int, seed: int) -> list[dict]:

@@ -29,12 +29,13 @@ from actorserve.runtime.config import EngineConfig
 from actorserve.runtime.engine.core import EngineCore, ModelFacts
 from actorserve.runtime.engine.outputs import RequestUpdate
 from actorserve.runtime.engine.sampling_params import SamplingParams, verify_prompt_text
+from actorserve.runtime.engine.stats import StatsLine
 from actorserve.runtime.model.tokenizer import encode
 from actorserve.runtime.transport.channel import Channel, Envelope
 from actorserve.runtime.transport.client_security import curve_server
-from actorserve.runtime.transport.messages import (AbortRequest, AddRequest, ErrorReply, ExecuteBatch, HealthPing, HealthPong,
-                                        PROTOCOL_VERSION, RequestOutputDelta, SampleDelta, Shutdown, StepResult,
-                                        TokenLogprob, WorkerReady)
+from actorserve.runtime.transport.messages import (PROTOCOL_VERSION, AbortRequest, AddRequest, ErrorReply, ExecuteBatch,
+                                                   HealthPing, HealthPong, RequestOutputDelta, RequestTimings,
+                                                   SampleDelta, Shutdown, StepResult, TokenLogprob, WorkerReady)
 
 log = logging.getLogger("actorserve.scheduler")
 
@@ -54,6 +55,7 @@ class SchedulerActor(Actor):
         self._work = asyncio.Event()
         self._results: asyncio.Queue = asyncio.Queue()  # StepResults, in the order the batches went out
         self._loop_task: Optional[asyncio.Task] = None
+        self._stats_task: Optional[asyncio.Task] = None
         self._tokenizing: dict[str, tuple[asyncio.Task, int]] = {}  # engine id -> (tokenize job, n)
         self._tokenizer_pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._max_token_chars = 1
@@ -94,11 +96,13 @@ class SchedulerActor(Actor):
         self.core = EngineCore(self.config, None, facts, self.tokenizer)
         self.channel(inbox, listen=True)
         self._loop_task = asyncio.ensure_future(self._engine_loop())
+        if not self.config.runtime.disable_log_stats:
+            self._stats_task = asyncio.ensure_future(self._log_stats(StatsLine()))
         return {"vocab_size": facts.vocab_size, "max_model_len": facts.max_model_len,
                 "num_kv_blocks": facts.num_kv_blocks}
 
     async def on_stop(self) -> None:
-        tasks = [t for t in (self._loop_task, self._peer_watch) if t is not None]
+        tasks = [t for t in (self._loop_task, self._peer_watch, self._stats_task) if t is not None]
         tasks += [job for job, _ in self._tokenizing.values()]
         for task in tasks:
             task.cancel()
@@ -134,6 +138,14 @@ class SchedulerActor(Actor):
             self.failed = exc
             self.stop()
 
+    async def _log_stats(self, stats: StatsLine) -> None:
+        stats.take(self.core)
+        while True:
+            await asyncio.sleep(stats.interval)
+            line = stats.take(self.core)
+            if line is not None:
+                log.info("%s", line)
+
     async def _publish(self, update: RequestUpdate) -> None:
         rid = update.output.request_id
         origin, client_id = self._clients[rid]
@@ -148,7 +160,8 @@ class SchedulerActor(Actor):
             client_id, samples, update.output.finished,
             prompt_token_ids=update.output.prompt_token_ids if first else None,
             num_cached_tokens=update.output.num_cached_tokens,
-            prompt_logprobs=_wire_logprobs(update.output.prompt_logprobs) if first else None), to=origin)
+            prompt_logprobs=_wire_logprobs(update.output.prompt_logprobs) if first else None,
+            timings=_wire_timings(update.output.metrics)), to=origin)
 
     # -- handlers ---------------------------------------------------------------------------------------------
     async def handle_add_request(self, message: AddRequest, envelope: Envelope) -> None:
@@ -267,7 +280,9 @@ class SchedulerActor(Actor):
         if not await self._authorized(message, envelope):
             return
         s = self.core.scheduler
-        await self.client.send(HealthPong(message.nonce, len(s.running), len(s.waiting), self.core.kv.pool.usage),
+        steps = self.core.step_tokens
+        await self.client.send(HealthPong(message.nonce, len(s.running), len(s.waiting), self.core.kv.pool.usage,
+                                          s.num_preemptions, list(steps.counts), steps.total),
                                to=envelope.origin)
 
     async def handle_step_result(self, message: StepResult, envelope: Envelope) -> None:
@@ -297,6 +312,12 @@ class SchedulerActor(Actor):
 
 def _engine_id(origin: Optional[bytes], request_id: str) -> str:
     return f"{(origin or b'').hex()}/{request_id}"
+
+
+def _wire_timings(metrics) -> Optional[RequestTimings]:
+    if metrics is None:
+        return None
+    return RequestTimings(metrics.queued_time, metrics.prefill_time, metrics.decode_time, metrics.inference_time)
 
 
 def _wire_logprobs(logprobs) -> Optional[list[Optional[list[TokenLogprob]]]]:

@@ -8,6 +8,7 @@ the model's context length.
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass
 from typing import Optional, Protocol
 
@@ -15,10 +16,12 @@ from actorserve.runtime.config import EngineConfig
 from actorserve.runtime.engine.batch import ModelRunnerOutput, PromptLogprobs, SchedulerOutput, TokenLogprobs
 from actorserve.runtime.engine.detokenizer import IncrementalDetokenizer
 from actorserve.runtime.engine.kv_cache_manager import KVCacheManager
-from actorserve.runtime.engine.outputs import CompletionOutput, Logprob, RequestOutput, RequestUpdate, SampleUpdate
+from actorserve.runtime.engine.outputs import (CompletionOutput, Logprob, RequestMetrics, RequestOutput, RequestUpdate,
+                                               SampleUpdate)
 from actorserve.runtime.engine.request import Request, RequestStatus
 from actorserve.runtime.engine.sampling_params import RequestLimits, SamplingParams, truncate_prompt, verify_request
 from actorserve.runtime.engine.scheduler import Scheduler
+from actorserve.runtime.engine.stats import StepTokens
 from actorserve.runtime.model.tokenizer import bad_words_token_ids
 
 
@@ -57,6 +60,16 @@ class _Group:
     def __init__(self, output: RequestOutput, sequences: list[_Sequence]) -> None:
         self.output = output
         self.sequences = sequences
+        self.arrived = time.monotonic()
+        self.scheduled: Optional[float] = None  # its first step
+        self.first_token: Optional[float] = None
+
+    def finish(self) -> None:
+        now = time.monotonic()
+        scheduled = self.scheduled if self.scheduled is not None else now
+        first = self.first_token if self.first_token is not None else now
+        self.output.metrics = RequestMetrics(queued_time=scheduled - self.arrived, prefill_time=first - scheduled,
+                                             decode_time=now - first, inference_time=now - scheduled)
 
 
 class EngineCore:
@@ -77,6 +90,7 @@ class EngineCore:
         self._groups: dict[str, _Group] = {}
         self._by_seq: dict[str, tuple[_Group, _Sequence]] = {}
         self._arrivals = itertools.count()
+        self.step_tokens = StepTokens()
 
     # -- requests -----------------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -137,6 +151,7 @@ class EngineCore:
                 self.scheduler.finish(seq.request, RequestStatus.FINISHED_ABORTED)
                 samples.append(seq.take_update())
         group.output.finished = True
+        group.finish()
         return RequestUpdate(group.output, samples)
 
     def has_unfinished_requests(self) -> bool:
@@ -155,7 +170,15 @@ class EngineCore:
         if not self.scheduler.has_unfinished():
             return None
         batch = self.scheduler.schedule()
-        return batch if batch.chunks else None
+        if not batch.chunks:
+            return None
+        self.step_tokens.observe(batch.num_tokens)
+        now = None
+        for chunk in batch.chunks:
+            group = self._by_seq[chunk.request_id][0]
+            if group.scheduled is None:
+                group.scheduled = now = now or time.monotonic()
+        return batch
 
     @property
     def num_in_flight(self) -> int:
@@ -173,10 +196,14 @@ class EngineCore:
             self._append(seq, token, result.logprobs.get(request.request_id))
             changed.setdefault(group.output.request_id, (group, []))[1].append(seq)
         updates = []
+        now = None
         for request_id, (group, seqs) in changed.items():
             group.output.num_cached_tokens = group.sequences[0].request.num_cached_tokens
+            if group.first_token is None:
+                group.first_token = now = now or time.monotonic()
             if all(s.output.finished() for s in group.sequences):
                 group.output.finished = True
+                group.finish()
                 del self._groups[request_id]
                 for seq in group.sequences:
                     self._by_seq.pop(seq.request.request_id, None)

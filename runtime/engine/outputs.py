@@ -27,6 +27,17 @@ class CompletionOutput:
 
 
 @dataclass
+class RequestMetrics:
+    """Where a finished request's time went, measured in the engine (seconds), as vLLM's metrics split
+    it: waiting for its first step, prefill (to the first token), decode (to the last), and the two."""
+
+    queued_time: float
+    prefill_time: float
+    decode_time: float
+    inference_time: float
+
+
+@dataclass
 class RequestOutput:
     request_id: str
     prompt: Optional[str]
@@ -36,6 +47,7 @@ class RequestOutput:
     num_cached_tokens: int = 0
     # with SamplingParams.prompt_logprobs: one entry per prompt token, None for the first (vLLM's shape)
     prompt_logprobs: Optional[list[Optional[dict[int, Logprob]]]] = None
+    metrics: Optional[RequestMetrics] = None  # once finished
 
 
 @dataclass

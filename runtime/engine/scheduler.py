@@ -28,6 +28,8 @@ class Scheduler:
         self._finished_ids: list[str] = []
         self._known_to_worker: set[str] = set()
         self.num_preemptions = 0
+        self.num_prompt_tokens = 0  # prompt tokens computed (a preempted prompt counts again)
+        self.num_generation_tokens = 0
 
     # -- admission and removal ---------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -154,9 +156,12 @@ class Scheduler:
         for request, n in self._in_flight.pop(step, []):
             if request.status is not RequestStatus.RUNNING:
                 continue  # aborted while the step ran
+            start = request.num_computed_tokens
             request.num_computed_tokens += n
+            self.num_prompt_tokens += max(0, min(start + n, len(request.prompt_token_ids)) - start)
             self.kv.publish_full_blocks(request)
             if request.num_computed_tokens == request.num_tokens:
+                self.num_generation_tokens += 1
                 token = sampled[request.request_id]
                 request.output_token_ids.append(token)
                 produced.append((request, token))

@@ -6,6 +6,7 @@ shape mismatch is a ModelLoadError naming it, never silently uninitialised memor
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Union
@@ -47,15 +48,75 @@ def default_model_path() -> str:
 
 
 def resolve_model_path(model: Optional[str]) -> str:
-    path = default_model_path() if model is None else os.path.expanduser(model)
-    if not os.path.exists(path):
-        raise ModelLoadError(f"model path {path!r} does not exist (a .gguf file or an HF model directory)")
-    return path
+    """The default model, a path, or an HF hub id (``Org/Name``, optionally ``@revision``) that the local
+    HF cache holds: nothing is downloaded here."""
+    if model is None:
+        return default_model_path()
+    path = os.path.expanduser(model)
+    if os.path.exists(path):
+        return path
+    hub_id = model.split("@", 1)[0]
+    if not model.startswith((".", "/", "~")) and hub_id.count("/") == 1 and not path.endswith(".gguf"):
+        cached, looked = hf_cache_snapshot(model)
+        if cached is not None:
+            return cached
+        raise ModelLoadError(f"model {model!r} is neither a path nor in the local HF cache (looked in {looked}); "
+                             "this machine cannot download from a model hub: put the model there, or give a path")
+    raise ModelLoadError(f"model path {path!r} does not exist (a .gguf file or an HF model directory)")
+
+
+def hf_cache_snapshot(model: str) -> tuple[Optional[str], str]:
+    """(the snapshot directory of ``Org/Name[@revision]`` in the HF hub cache, or None; where it looked):
+    the revision's snapshot, else the one ``refs/main`` names, else the only one there is."""
+    hub_id, _, revision = model.partition("@")
+    home = os.environ.get("HF_HUB_CACHE") or os.path.join(
+        os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface"), "hub")
+    repo = os.path.join(home, "models--" + hub_id.replace("/", "--"))
+    snapshots = os.path.join(repo, "snapshots")
+    if not os.path.isdir(snapshots):
+        return None, repo
+    ref = os.path.join(repo, "refs", revision or "main")
+    if os.path.isfile(ref):
+        with open(ref) as f:
+            revision = f.read().strip()
+    if revision and os.path.isdir(os.path.join(snapshots, revision)):
+        return os.path.join(snapshots, revision), repo
+    found = sorted(os.listdir(snapshots))
+    if not revision and len(found) == 1:
+        return os.path.join(snapshots, found[0]), repo
+    return None, repo
+
+
+def checkpoint_dtype(path: str) -> str:
+    """What ``dtype="auto"`` means for this checkpoint: an HF directory's ``dtype`` (or ``torch_dtype``)
+    from config.json; float32 for a GGUF file (its blocks are computed against fp32, the reference) or a
+    config that names none."""
+    if not os.path.isdir(path):
+        return "float32"
+    with open(os.path.join(path, "config.json")) as f:
+        config = json.load(f)
+    named = config.get("dtype") or config.get("torch_dtype") or "float32"
+    return {"bfloat16": "bfloat16", "float16": "float16"}.get(str(named).removeprefix("torch."), "float32")
+
+
+def _refuse_remote_code(path: str) -> None:
+    """A config.json that maps its classes to the checkpoint's own code (``auto_map``) needs that code run:
+    vLLM runs it with --trust-remote-code; actorserve runs no model code it does not ship."""
+    config_path = os.path.join(path, "config.json")
+    if not os.path.isfile(config_path):
+        return
+    with open(config_path) as f:
+        auto_map = json.load(f).get("auto_map")
+    if auto_map:
+        raise ModelLoadError(f"{path} needs its own model code (auto_map in config.json: {sorted(auto_map)}); "
+                             "actorserve runs only the architectures it implements, with or without "
+                             "--trust-remote-code")
 
 
 def read_arch_config(path: str):
     """(reader or None, ArchConfig) for a GGUF file or an HF directory."""
     if os.path.isdir(path):
+        _refuse_remote_code(path)
         return None, hf_weights.read_config(path)
     if path.endswith(".gguf"):
         return gguf_weights.open_gguf(path)
@@ -69,6 +130,7 @@ def load_model(model: Optional[str], dtype: str = "float32", max_positions: Opti
     prepared by the quantization method of this load (``runtime.model.quantization``)."""
     path = resolve_model_path(model)
     reader, cfg = read_arch_config(path)
+    dtype = checkpoint_dtype(path) if dtype == "auto" else dtype
     try:
         method = quantization_methods.select(quantization, dtype, device, reader is not None)
     except ValueError as e:

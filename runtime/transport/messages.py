@@ -77,6 +77,15 @@ class SampleDelta(msgspec.Struct, frozen=True):
     stop_reason: Union[int, str, None] = None
 
 
+class RequestTimings(msgspec.Struct, frozen=True, array_like=True):
+    """RequestMetrics: seconds queued, in prefill, in decode, and in inference (prefill + decode)."""
+
+    queued: float
+    prefill: float
+    decode: float
+    inference: float
+
+
 class RequestOutputDelta(msgspec.Struct, tag="request_output", frozen=True):
     request_id: str
     samples: list[SampleDelta]
@@ -85,6 +94,7 @@ class RequestOutputDelta(msgspec.Struct, tag="request_output", frozen=True):
     num_cached_tokens: int = 0
     # with the first delta only, when asked for: one entry per prompt token, None for the first
     prompt_logprobs: Optional[list[Optional[list[TokenLogprob]]]] = None
+    timings: Optional[RequestTimings] = None  # on the last message
 
 
 class ErrorReply(msgspec.Struct, tag="error", frozen=True):
@@ -105,6 +115,10 @@ class HealthPong(msgspec.Struct, tag="health_pong", frozen=True):
     num_running: int
     num_waiting: int
     kv_cache_usage: float
+    num_preemptions: int = 0
+    # tokens per engine step: counts per bucket (stats.ITERATION_TOKEN_BUCKETS, then above them), and the sum
+    step_token_counts: list[int] = []
+    step_token_sum: int = 0
 
 
 class ExecuteBatch(msgspec.Struct, tag="execute_batch", frozen=True):

@@ -142,3 +142,99 @@ def test_chat_template_kwargs_tools_and_text_parts(client):
     shown = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1, tools=tools,
                                            tool_choice="none")
     assert shown.choices[0].finish_reason in ("length", "stop")
+
+
+def test_start_up_is_logged_phase_by_phase_with_access_lines(client, server):
+    client.completions.create(model=MODEL, prompt="Hi", max_tokens=1)
+    log = server.output().decode()
+    for phase in ("loading ", "weights loaded in ", "KV cache budget ", "KV cache: ", "worker0 ready in ",
+                  "scheduler ready in "):
+        assert phase in log, phase
+    assert '"POST /v1/completions HTTP/1.1" 200' in log  # uvicorn's access log
+    assert "prompt tokens, params: max_tokens=1" in log  # the request's own line
+
+
+def test_a_taken_port_fails_at_once_before_the_model_loads():
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        started = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "actorserve.cli", "serve", "--port",
+                               str(taken.getsockname()[1])], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and time.monotonic() - started < 30
+    assert "cannot listen on http://127.0.0.1:" in proc.stderr and "loading" not in proc.stderr + proc.stdout
+
+
+def test_generation_config_defaults_and_served_names(tmp_path):
+    import json
+
+    from actorserve.frontend.protocol import CompletionRequest
+    from actorserve.frontend.server import generation_defaults, new_context
+
+    (tmp_path / "generation_config.json").write_text(json.dumps(
+        {"temperature": 0.6, "top_p": 0.9, "max_new_tokens": 7, "do_sample": True}))
+    defaults = generation_defaults(str(tmp_path), None)
+    assert defaults == {"temperature": 0.6, "top_p": 0.9, "max_tokens": 7}
+    assert generation_defaults("vllm", None) == {} and generation_defaults("auto", None) == {}  # GGUF: none
+    with pytest.raises(ValueError, match="generation_config.json"):
+        generation_defaults(str(tmp_path / "nowhere"), None)
+    request = CompletionRequest(prompt="x", temperature=1.0)
+    params = request.sampling_params(16, None, None, defaults)
+    assert (params.temperature, params.top_p) == (1.0, 0.9)  # what the request set wins
+
+    ctx = new_context(None, None, ("first", "second"))
+    assert ctx.model_name == "first" and ctx.response_name("second") == "second"
+    ctx.check_model("second")
+    with pytest.raises(Exception, match="does not exist"):
+        ctx.check_model("third")
+
+
+def scrape_all(server) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = http("GET", server.base_url + "/metrics").text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def metric(values: dict, name: str, required: bool = True, **labels) -> float:
+    """The sum of the samples of ``name`` with these labels (a label set never observed: 0, or an error)."""
+    found = [v for (n, ls), v in values.items() if n == name and all(dict(ls).get(k) == w for k, w in labels.items())]
+    assert found or not required, (name, labels)
+    return sum(found)
+
+
+def test_metrics_count_a_known_workload_as_vllm_names_them(client, server):
+    before = scrape_all(server)
+    requests, new_tokens = 3, 6
+    for i in range(requests):
+        client.completions.create(model=MODEL, prompt=f"Count to ten: {i}", max_tokens=new_tokens, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    stopped = client.completions.create(model=MODEL, prompt="Say yes.", max_tokens=8, temperature=0,
+                                        stop=[" "], extra_body={"min_tokens": 1})
+    after = scrape_all(server)
+    delta = lambda name, **labels: metric(after, name, **labels) - metric(before, name, False, **labels)  # noqa: E731
+    ours = {"model_name": MODEL, "engine": "0"}
+    assert all(dict(labels).get("model_name") == MODEL and dict(labels).get("engine") == "0"
+               for (name, labels), _ in after.items() if name.startswith("vllm:") and name != "vllm:cache_config_info")
+    assert delta("vllm:request_success_total", finished_reason="length", **ours) == requests
+    assert delta("vllm:request_success_total", finished_reason="stop", **ours) == 1
+    generated = requests * new_tokens + stopped.usage.completion_tokens
+    assert delta("vllm:generation_tokens_total", **ours) == generated
+    assert delta("vllm:request_generation_tokens_sum", **ours) == generated
+    assert delta("vllm:request_generation_tokens_count", **ours) == requests + 1
+    assert delta("vllm:request_prompt_tokens_count", **ours) == requests + 1
+    assert delta("vllm:inter_token_latency_seconds_count", **ours) == generated - (requests + 1)
+    assert delta("vllm:time_per_output_token_seconds_count", **ours) == requests + (stopped.usage.completion_tokens > 1)
+    for phase in ("queue", "prefill", "decode", "inference"):
+        assert delta(f"vllm:request_{phase}_time_seconds_count", **ours) == requests + 1, phase
+    assert delta("vllm:iteration_tokens_total_count", **ours) >= new_tokens  # one step a token, at least
+    assert delta("vllm:iteration_tokens_total_sum", **ours) >= generated
+    assert metric(after, "vllm:num_preemptions_total", **ours) >= 0
+    assert metric(after, "vllm:time_to_first_token_seconds_bucket", le="0.001", **ours) >= 0
+    assert metric(after, "vllm:cache_config_info", block_size="16", enable_prefix_caching="True") == 1

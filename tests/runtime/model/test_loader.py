@@ -148,3 +148,37 @@ def test_last_pipeline_stage_reads_the_embedding_only_where_tied(tied, tmp_path)
     assert (last.model.embed_tokens is not None) == tied and (last.lm_head is None) == tied
     first = load_model(str(directory), skip_tokenizer=True, pp_rank=0, pp_size=2).model
     assert first.model.embed_tokens is not None and first.lm_head is None
+
+
+def test_an_hf_hub_id_resolves_from_the_local_cache_only(tmp_path, monkeypatch):
+    from actorserve.runtime.model.loader import resolve_model_path
+
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    repo = tmp_path / "hub" / "models--Org--Tiny"
+    (repo / "snapshots" / "abc123").mkdir(parents=True)
+    (repo / "snapshots" / "def456").mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    assert resolve_model_path("Org/Tiny") == str(repo / "snapshots" / "abc123")
+    assert resolve_model_path("Org/Tiny@def456") == str(repo / "snapshots" / "def456")
+    with pytest.raises(ModelLoadError, match="cannot download") as err:
+        resolve_model_path("Org/Missing")
+    assert str(tmp_path / "hub" / "models--Org--Missing") in str(err.value)
+
+
+def test_a_model_that_needs_its_own_code_is_refused_and_auto_dtype_reads_the_checkpoint(tmp_path):
+    import json
+
+    from actorserve.runtime.model.loader import checkpoint_dtype, read_arch_config, resolve_model_path
+
+    model = save_tiny_model("llama", tmp_path / "m")
+    assert checkpoint_dtype(str(model)) == "float32"
+    assert checkpoint_dtype(resolve_model_path(None)) == "float32"  # GGUF
+    config = json.loads((model / "config.json").read_text())
+    config["dtype"] = "bfloat16"
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_custom.Custom"}
+    (model / "config.json").write_text(json.dumps(config))
+    assert checkpoint_dtype(str(model)) == "bfloat16"
+    with pytest.raises(ModelLoadError, match="auto_map"):
+        read_arch_config(str(model))

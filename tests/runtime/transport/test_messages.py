@@ -22,6 +22,8 @@ EXAMPLES = [
     m.ErrorReply("ValueError", "top_p must be in (0, 1]", "r9"),
     m.HealthPing(7),
     m.HealthPong(7, 3, 1, 0.25),
+    m.HealthPong(8, 0, 0, 0.0, 2, [1, 0, 3] + [0] * 11, 40),
+    m.RequestOutputDelta("r2", [], True, timings=m.RequestTimings(0.01, 0.2, 1.5, 1.7)),
     m.ExecuteBatch(SchedulerOutput(4, [NewRequest("a", [1, 2], SPEC)],
                                    [ScheduledChunk("a", [1, 2], 0, [3], True)], ["old"])),
     m.StepResult(ModelRunnerOutput(4, {"a": 9}, {"a": TokenLogprobs(-0.5, 2, [1, 9], [-0.1, -0.5])})),

@@ -1,0 +1,32 @@
+"""The config tree: vLLM's dtype spellings, and a KV cache budget that is the same from start to start."""
+import pytest
+
+from actorserve.runtime import config as config_module
+from actorserve.runtime.config import EngineConfig
+
+
+@pytest.mark.parametrize("given,kept", [("half", "float16"), ("float", "float32"), ("bfloat16", "bfloat16"),
+                                        ("auto", "auto")])
+def test_dtype_spellings_become_one(given, kept):
+    assert EngineConfig.from_engine_args(dtype=given).model.dtype == kept
+    with pytest.raises(ValueError, match="dtype"):
+        EngineConfig.from_engine_args(dtype="fp8")
+
+
+def test_the_kv_budget_is_fixed_unless_memory_is_short(monkeypatch):
+    monkeypatch.delenv(config_module.KV_SPACE_ENV, raising=False)
+    monkeypatch.setattr(config_module, "_available_memory_bytes", lambda: 64 << 30)
+    cache = EngineConfig.from_engine_args().cache
+    budget, why = cache.kv_cache_budget()
+    assert budget == 4 << 30 and "default" in why
+    monkeypatch.setattr(config_module, "_available_memory_bytes", lambda: 30 << 30)
+    assert cache.resolved_kv_cache_memory() == 4 << 30  # the same with less free memory: stable
+    monkeypatch.setattr(config_module, "_available_memory_bytes", lambda: 6 << 30)
+    budget, why = cache.kv_cache_budget()
+    assert budget == 3 << 30 and "capped" in why
+    monkeypatch.setenv(config_module.KV_SPACE_ENV, "0.5")
+    assert cache.kv_cache_budget() == (512 << 20, config_module.KV_SPACE_ENV)
+    assert EngineConfig.from_engine_args(kv_cache_memory=1 << 20).cache.kv_cache_budget()[0] == 1 << 20
+    monkeypatch.setenv(config_module.KV_SPACE_ENV, "lots")
+    with pytest.raises(ValueError, match=config_module.KV_SPACE_ENV):
+        EngineConfig.from_engine_args()
