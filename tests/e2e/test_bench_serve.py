@@ -32,9 +32,45 @@ def test_bench_serve_counts_every_token(server, tmp_path):
     assert bench_serve.main(args) == 0
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["completed"] == 6 and result["failed"] == 0
-    assert result["output_tok_s"] * result["duration_s"] == pytest.approx(6 * 5)  # ignore_eos: output-len each
-    assert result["ttft_ms"]["median"] > 0 and result["tpot_ms"]["median"] > 0
-    assert result["itl_ms"]["mean"] > 0
+    assert result["output_throughput"] * result["duration"] == pytest.approx(6 * 5)  # ignore_eos: output-len each
+    assert result["total_output_tokens"] == 30 and result["total_input_tokens"] == 6 * 12
+    assert result["median_ttft_ms"] > 0 and result["median_tpot_ms"] > 0 and result["mean_itl_ms"] > 0
+    assert result["p99_e2el_ms"] >= result["median_e2el_ms"] > 0
+
+
+def test_vllm_bench_serve_flags_and_result_keys(server, tmp_path):
+    """The flags of ``vllm bench serve`` and its JSON keys: chat backend, custom and sharegpt datasets,
+    percentiles, --save-result into --result-dir."""
+    p = argparse.ArgumentParser()
+    bench_serve.add_arguments(p)
+    common = ["--base-url", server.base_url, "--model", server_model(server), "--api-key", API_KEY,
+              "--num-prompts", "3", "--max-concurrency", "2", "--no-progress", "--save-result",
+              "--result-dir", str(tmp_path / "results"), "--percentile-metrics", "ttft,e2el",
+              "--metric-percentiles", "50,90"]
+    chat = p.parse_args(common + ["--backend", "openai-chat", "--random-input-len", "8",
+                                  "--random-output-len", "4", "--result-filename", "chat.json"])
+    assert bench_serve.main(chat) == 0
+    result = json.loads((tmp_path / "results" / "chat.json").read_text())
+    assert result["backend"] == "openai-chat" and result["completed"] == 3 and result["total_output_tokens"] == 12
+    assert {"mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p50_ttft_ms", "p90_ttft_ms", "p90_e2el_ms",
+            "request_throughput", "output_throughput", "total_token_throughput"} <= set(result)
+    assert "mean_tpot_ms" not in result and len(result["generated_texts"]) == 3
+
+    (tmp_path / "custom.jsonl").write_text("".join(json.dumps({"prompt": f"Tell me about {w}."}) + "\n"
+                                                   for w in ("cats", "dogs", "rain")))
+    custom = p.parse_args(common + ["--dataset-name", "custom", "--dataset-path", str(tmp_path / "custom.jsonl"),
+                                    "--random-output-len", "3", "--result-filename", "custom.json"])
+    assert bench_serve.main(custom) == 0
+    assert json.loads((tmp_path / "results" / "custom.json").read_text())["total_output_tokens"] == 9
+
+    conversations = [{"conversations": [{"from": "human", "value": "Hi there"}, {"from": "gpt", "value": "Hello friend"}]}
+                     for _ in range(3)]
+    (tmp_path / "sharegpt.json").write_text(json.dumps(conversations))
+    sharegpt = p.parse_args(common + ["--dataset-name", "sharegpt", "--dataset-path", str(tmp_path / "sharegpt.json"),
+                                      "--result-filename", "sharegpt.json"])
+    assert bench_serve.main(sharegpt) == 0
+    result = json.loads((tmp_path / "results" / "sharegpt.json").read_text())
+    assert result["output_lens"] == [2, 2, 2]  # "Hello friend": two tokens, the reply's length
 
 
 def test_bench_serve_reports_a_refused_request(server, tmp_path):
