@@ -63,8 +63,8 @@ def test_vllm_bench_serve_flags_and_result_keys(server, tmp_path):
     assert bench_serve.main(custom) == 0
     assert json.loads((tmp_path / "results" / "custom.json").read_text())["total_output_tokens"] == 9
 
-    conversations = [{"conversations": [{"from": "human", "value": "Hi there"}, {"from": "gpt", "value": "Hello friend"}]}
-                     for _ in range(3)]
+    turns = [{"from": "human", "value": "Hi there"}, {"from": "gpt", "value": "Hello friend"}]
+    conversations = [{"conversations": turns} for _ in range(3)]
     (tmp_path / "sharegpt.json").write_text(json.dumps(conversations))
     sharegpt = p.parse_args(common + ["--dataset-name", "sharegpt", "--dataset-path", str(tmp_path / "sharegpt.json"),
                                       "--result-filename", "sharegpt.json"])
