@@ -83,3 +83,12 @@ def test_int8_quantization_keeps_the_answers(greedy_reference):
     batch = llm.generate([started(r) for r in refs], GREEDY, use_tqdm=False)
     texts = [o.outputs[0].text for o in batch]
     assert sum(any(v in t for v in facts.values()) for t in texts) == 2, texts
+
+
+def test_other_block_sizes_keep_the_reference(greedy_reference):
+    from actorserve import LLM
+
+    llm = LLM(block_size=32, kv_cache_memory=128 << 20, max_model_len=2048)
+    prompts = [{"prompt_token_ids": p["prompt_ids"]} for p in greedy_reference["prompts"]]
+    for out, ref in zip(llm.generate(prompts, GREEDY, use_tqdm=False), greedy_reference["prompts"]):
+        assert out.outputs[0].token_ids == ref["output_ids"], ref["user_prompt"]

@@ -238,3 +238,25 @@ def test_metrics_count_a_known_workload_as_vllm_names_them(client, server):
     assert metric(after, "vllm:num_preemptions_total", **ours) >= 0
     assert metric(after, "vllm:time_to_first_token_seconds_bucket", le="0.001", **ours) >= 0
     assert metric(after, "vllm:cache_config_info", block_size="16", enable_prefix_caching="True") == 1
+
+
+def test_server_flags_for_names_template_and_quiet_logs(tmp_path):
+    from tests.e2e.server import Server
+
+    template = tmp_path / "template.jinja"
+    template.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}")
+    server = Server("--chat-template", str(template), "--served-model-name", "alpha", "beta",
+                    "--disable-log-requests", "--disable-uvicorn-access-log")
+    try:
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key=API_KEY, max_retries=0)
+        assert [m.id for m in client.models.list().data] == ["alpha", "beta"]
+        resp = client.chat.completions.create(model="beta", messages=[{"role": "user", "content": "hi"}],
+                                              max_tokens=1, extra_body={"echo": False})
+        assert resp.model == "beta"
+        tokens = http("POST", server.base_url + "/tokenize", {"prompt": "[user] hi\n", "add_special_tokens": False},
+                      headers={"Authorization": f"Bearer {API_KEY}"}).json()["tokens"]
+        assert resp.usage.prompt_tokens == len(tokens)  # the server's template, not the model's
+        log = server.output().decode()
+        assert "prompt tokens, params" not in log and '"POST /v1/chat/completions' not in log
+    finally:
+        assert server.stop() == 0
