@@ -48,7 +48,7 @@ def load_worker(config: EngineConfig, with_tokenizer: bool, pp_rank: int = 0,
     max_len = m.max_model_len
     paths = config.device.resolve()
     capability.use(paths)  # before any kernel is built or weight prepacked
-    started = time.perf_counter()
+    started, resident = time.perf_counter(), _resident_bytes()
     path = resolve_model_path(m.model)
     log.info("loading %s (%.1f MiB)%s", path, _size(path) / 2**20,
              f", pipeline stage {pp_rank + 1} of {config.parallel.pipeline_parallel_size}"
@@ -60,9 +60,9 @@ def load_worker(config: EngineConfig, with_tokenizer: bool, pp_rank: int = 0,
         raise ValueError(f"max_model_len {max_len} exceeds the model's context length "
                          f"{loaded.cfg.max_position_embeddings}")
     loaded_at = time.perf_counter()
-    log.info("weights loaded in %.2f s: %.1f M parameters in %s%s", loaded_at - started,
+    log.info("weights loaded in %.2f s: %.1f M parameters in %s%s, resident memory +%.1f MiB", loaded_at - started,
              loaded.model.num_parameters() / 1e6, str(loaded.model.dtype).removeprefix("torch."),
-             f", {m.quantization}" if m.quantization else "")
+             f", {m.quantization}" if m.quantization else "", (_resident_bytes() - resident) / 2**20)
     per_block = kv_bytes_per_block(loaded.cfg, config.cache.block_size, loaded.model.dtype)
     blocks = num_kv_blocks(loaded, config, per_block)
     runner = ModelRunner(loaded.model, blocks, config.cache.block_size, seed=m.seed, fast_decode=not m.enforce_eager)
@@ -71,6 +71,15 @@ def load_worker(config: EngineConfig, with_tokenizer: bool, pp_rank: int = 0,
              blocks, config.cache.block_size, blocks * config.cache.block_size,
              blocks * per_block / 2**20, time.perf_counter() - loaded_at)
     return runner, model_facts(loaded, config, blocks), loaded
+
+
+def _resident_bytes() -> int:
+    """This process's resident memory (Linux; 0 elsewhere): what loading the weights added to it."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _size(path: str) -> int:

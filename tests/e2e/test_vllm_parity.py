@@ -212,11 +212,13 @@ def metric(values: dict, name: str, required: bool = True, **labels) -> float:
 def test_metrics_count_a_known_workload_as_vllm_names_them(client, server):
     before = scrape_all(server)
     requests, new_tokens = 3, 6
+    prompt_tokens = 0
     for i in range(requests):
-        client.completions.create(model=MODEL, prompt=f"Count to ten: {i}", max_tokens=new_tokens, temperature=0,
-                                  extra_body={"ignore_eos": True})
+        prompt_tokens += client.completions.create(model=MODEL, prompt=f"Count to ten: {i}", max_tokens=new_tokens,
+                                                   temperature=0, extra_body={"ignore_eos": True}).usage.prompt_tokens
     stopped = client.completions.create(model=MODEL, prompt="Say yes.", max_tokens=8, temperature=0,
                                         stop=[" "], extra_body={"min_tokens": 1})
+    prompt_tokens += stopped.usage.prompt_tokens
     after = scrape_all(server)
     delta = lambda name, **labels: metric(after, name, **labels) - metric(before, name, False, **labels)  # noqa: E731
     ours = {"model_name": MODEL, "engine": "0"}
@@ -229,6 +231,11 @@ def test_metrics_count_a_known_workload_as_vllm_names_them(client, server):
     assert delta("vllm:request_generation_tokens_sum", **ours) == generated
     assert delta("vllm:request_generation_tokens_count", **ours) == requests + 1
     assert delta("vllm:request_prompt_tokens_count", **ours) == requests + 1
+    assert delta("vllm:request_prompt_tokens_sum", **ours) == prompt_tokens
+    assert delta("vllm:prompt_tokens_total", **ours) == prompt_tokens
+    assert delta("vllm:prefix_cache_queries_total", **ours) == prompt_tokens
+    assert delta("vllm:time_to_first_token_seconds_count", **ours) == requests + 1
+    assert delta("vllm:e2e_request_latency_seconds_count", **ours) == requests + 1
     assert delta("vllm:inter_token_latency_seconds_count", **ours) == generated - (requests + 1)
     assert delta("vllm:time_per_output_token_seconds_count", **ours) == requests + (stopped.usage.completion_tokens > 1)
     for phase in ("queue", "prefill", "decode", "inference"):
