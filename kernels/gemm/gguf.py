@@ -143,7 +143,17 @@ class GgufWeight:
             out = torch.empty(rows.shape[0], self.out_features, dtype=torch.float32)
             self._product(rows, bias, out)
             return out
-        return RowsProduct(ROWS, run, self.out_features)
+
+        fn, n, k = _lib().gguf_linear_f32, self.out_features, self.in_features
+        calls = [(type_id, blocks_p, None if bias is None else bias.data_ptr() + 4 * start, 4 * start, seg_rows)
+                 for type_id, blocks_p, start, seg_rows in self._calls]
+
+        def into(x_p: int, out_p: int, t: int, threads: int) -> None:
+            for type_id, blocks_p, bias_p, offset, seg_rows in calls:
+                if call("actorserve::gguf_linear_f32", fn, type_id, x_p, t, blocks_p, bias_p, out_p + offset, n,
+                        seg_rows, k, threads) != 0:
+                    raise RuntimeError(f"gguf_linear_f32 refused type {type_id} [{seg_rows}, {k}]")
+        return RowsProduct(ROWS, run, self.out_features, into=into, into_rows=MAX_ROWS)
 
     def _product(self, rows: torch.Tensor, bias: Optional[torch.Tensor], out: torch.Tensor) -> None:
         """At most MAX_ROWS contiguous rows, straight from the blocks, into contiguous rows of ``out``; a

@@ -24,3 +24,8 @@ class RowsProduct:
     out_features: int
     scale: Optional[torch.Tensor] = None
     bias: Optional[torch.Tensor] = None
+    # ROWS only, where the kind can: into(x_p, out_p, t, threads) writes the product of t contiguous rows at
+    # address x_p into t contiguous rows at out_p (both of the model's dtype), for t up to into_rows (more go
+    # through run): a decode step's products then allocate nothing and pass pointers the step already holds
+    into: Optional[Callable[[int, int, int, int], None]] = None
+    into_rows: int = 0

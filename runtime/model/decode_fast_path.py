@@ -139,6 +139,16 @@ class DecodePlanner:
     def product(self, linear: "Linear", x: Value, name: str) -> Value:
         p = self.product_of(linear)
         x = self.convert(x, p.takes, name + ".in")
+        if p.takes == ROWS and p.into is not None:  # into a slot of the step: nothing allocated
+            out, src, into, most, run = self.slot(name, p.out_features, self.dtype), x.slot, p.into, p.into_rows, p.run
+
+            def op_into(st: DecodeStep) -> None:
+                if st.t <= most:
+                    into(st.ptrs[src], st.ptrs[out], st.t, st.threads)
+                else:
+                    st.bufs[out].copy_(run(st.bufs[src]))
+            self.emit("product_rows", op_into)
+            return Rows(out, p.out_features)
         if p.takes == ROWS:
             out, src, run = self.filled(name), x.slot, p.run
 

@@ -130,11 +130,16 @@ def test_pipeline_stages(tmp_path, pp_rank, dtype):
                     reason="needs the GGUF block kernels and the fp32 kernels")
 def test_the_default_gguf_model_in_fp32(tmp_path):
     """The default model, its GGUF blocks held as stored (Q4_1 and Q8_0 segments, a tied Q8_0 head): every
-    product of the plan is the blocks' own, and the plan is the module path to the bit, alone and batched."""
+    product of the plan is the blocks' own, written into the step's own buffers (none allocated per
+    product), and the plan is the module path to the bit, alone and batched (past the rows the products
+    take by pointer, too)."""
+    from actorserve.runtime.model.decode_fast_path import _FILLED
+
     runner = _runner(None, dtype="float32", num_blocks=80)
     layers, k = runner.model.cfg.num_layers, runner.fast_decode.kernels
     assert {type(m.packed) for m in runner.model.modules() if isinstance(m, Linear)} == {GgufWeight}
     assert k["product_rows"] == 4 * layers and k["attention"] == layers and k["silu_mul"] == layers
+    assert _FILLED not in runner.fast_decode.planner.shapes
     _compare(runner, prompt_lens=(5,), decode_steps=3)
     _compare(runner, prompt_lens=(3, 17, 40, 2, 9, 11, 30, 4, 6, 8), decode_steps=2)  # past MAX_ROWS
 
