@@ -17,16 +17,12 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     add_engine_arguments(p)
 
 
-def _engine_kwargs(a: argparse.Namespace) -> dict:
-    return engine_kwargs(a)
-
-
 def _generate(a: argparse.Namespace) -> int:
     from actorserve import LLM, SamplingParams
 
     params = SamplingParams(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, max_tokens=a.max_tokens,
                             seed=a.sampling_seed, stop=a.stop or None, n=a.n)
-    llm = LLM(a.model, **_engine_kwargs(a))
+    llm = LLM(a.model, **engine_kwargs(a))
     if a.chat:
         outs = llm.chat([[{"role": "user", "content": p}] for p in a.prompt], params, use_tqdm=False)
     else:
@@ -48,7 +44,7 @@ def _serve_zmq(a: argparse.Namespace) -> int:
     async def serve() -> int:
         engine = AsyncEngine(a.model, client_address=a.address, client_api_key=a.api_key,
                              curve_secret_key=a.curve_secret_key, curve_authorized_keys=a.curve_authorized_keys,
-                             **_engine_kwargs(a))
+                             **engine_kwargs(a))
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -70,7 +66,7 @@ def _serve_zmq(a: argparse.Namespace) -> int:
 def _engine_from(a: argparse.Namespace, **extra):
     from actorserve import AsyncEngine
 
-    return AsyncEngine(a.model, **extra, **_engine_kwargs(a))
+    return AsyncEngine(a.model, **extra, **engine_kwargs(a))
 
 
 def _serve_http(a: argparse.Namespace) -> int:
