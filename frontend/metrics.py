@@ -26,21 +26,24 @@ _ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
 _REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                     240.0, 480.0, 960.0, 1920.0, 7680.0)
 ENGINE = "0"  # one engine per server (vLLM numbers its data-parallel engines)
+# The request token histograms are made before the engine (and its context length) is known: their
+# buckets reach past any context
+_MAX_TOKEN_BUCKET = 1 << 20
 
 
-def _token_buckets(max_model_len: int) -> list[float]:
-    """1, 2, 5, 10, 20, 50, ... up to the context length, as vLLM's request token histograms."""
+def _token_buckets(top: int) -> list[float]:
+    """1, 2, 5, 10, 20, 50, ... up to ``top``, as vLLM's request token histograms."""
     buckets, power = [], 1
     while True:
         for m in (1, 2, 5):
-            if m * power > max_model_len:
+            if m * power > top:
                 return buckets
             buckets.append(float(m * power))
         power *= 10
 
 
 class FrontendMetrics:
-    def __init__(self, model_name: str, max_model_len: int = 1 << 20) -> None:
+    def __init__(self, model_name: str) -> None:
         self.registry = r = CollectorRegistry()
         self.model_name = model_name
         labels = ["model_name", "engine"]
@@ -60,7 +63,7 @@ class FrontendMetrics:
                                         if phase != "queue" else "Time a request waited for its first step",
                                         labels, buckets=_REQUEST_BUCKETS, registry=r)
                        for phase in ("queue", "prefill", "decode", "inference")}
-        tokens = _token_buckets(max_model_len)
+        tokens = _token_buckets(_MAX_TOKEN_BUCKET)
         self.request_prompt = Histogram("vllm:request_prompt_tokens", "Prompt tokens of each request", labels,
                                         buckets=tokens, registry=r)
         self.request_generation = Histogram("vllm:request_generation_tokens", "Tokens generated for each request",

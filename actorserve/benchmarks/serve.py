@@ -186,8 +186,8 @@ def report(results: list[RequestResult], duration: float, concurrency, args) -> 
         "total_token_throughput": (in_tokens + out_tokens) / duration,
         "errors": sorted({r.error for r in results if not r.ok})[:5],
     }
-    for name in args.percentile_metrics.split(","):
-        values = [v * 1e3 for v in series[name.strip()]]
+    for name in _metrics(args):
+        values = [v * 1e3 for v in series[name]]
         result[f"mean_{name}_ms"] = statistics.fmean(values) if values else None
         result[f"median_{name}_ms"] = statistics.median(values) if values else None
         result[f"std_{name}_ms"] = statistics.pstdev(values) if values else None
@@ -199,6 +199,15 @@ def report(results: list[RequestResult], duration: float, concurrency, args) -> 
     result["itls"] = [r.itl for r in results]
     result["generated_texts"] = [r.text for r in results]
     return result
+
+
+def _metrics(args) -> list[str]:
+    """--percentile-metrics as names, each one of ttft, tpot, itl, e2el (ValueError otherwise)."""
+    names = [m.strip() for m in args.percentile_metrics.split(",") if m.strip()]
+    unknown = [m for m in names if m not in ("ttft", "tpot", "itl", "e2el")]
+    if unknown:
+        raise ValueError(f"--percentile-metrics: {unknown} are not among ttft, tpot, itl, e2el")
+    return names
 
 
 def _percentiles(text: str) -> list[float]:
@@ -219,7 +228,7 @@ def print_report(r: dict, args) -> None:
           f"in {r['duration']:.1f} s")
     print(f"  requests/s {r['request_throughput']:.2f}   output tok/s {r['output_throughput']:.1f}   "
           f"total tok/s {r['total_token_throughput']:.1f}")
-    for name in args.percentile_metrics.split(","):
+    for name in _metrics(args):
         if r[f"mean_{name}_ms"] is not None:
             tail = "   ".join(f"p{p:g} {r[f'p{p:g}_{name}_ms']:8.1f} ms" for p in _percentiles(args.metric_percentiles))
             print(f"  {name.upper():5} mean {r[f'mean_{name}_ms']:8.1f} ms   median {r[f'median_{name}_ms']:8.1f} ms   "
@@ -289,10 +298,7 @@ def _result_path(args, result: dict) -> Optional[str]:
 
 
 def main(args: argparse.Namespace) -> int:
-    metrics = [m.strip() for m in args.percentile_metrics.split(",")]
-    unknown = [m for m in metrics if m not in ("ttft", "tpot", "itl", "e2el")]
-    if unknown:
-        raise ValueError(f"--percentile-metrics: {unknown} are not among ttft, tpot, itl, e2el")
+    _metrics(args)  # checked before any request is sent
     _percentiles(args.metric_percentiles)
     requests = make_requests(args)
     levels = args.concurrency_levels if args.plot else [args.max_concurrency]

@@ -18,7 +18,7 @@ import ctypes
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch.nn import functional as F
@@ -137,35 +137,34 @@ class GgufWeight:
             return None
         bias = None if bias is None else bias.float().contiguous()
 
+        into = self._bound_product(bias)
+
         def run(rows: torch.Tensor) -> torch.Tensor:
             if rows.shape[0] > MAX_ROWS:
                 return self.apply(rows, bias)
             out = torch.empty(rows.shape[0], self.out_features, dtype=torch.float32)
-            self._product(rows, bias, out)
+            into(rows.data_ptr(), out.data_ptr(), rows.shape[0], torch.get_num_threads())
             return out
+        return RowsProduct(ROWS, run, self.out_features, into=into, into_rows=MAX_ROWS)
 
+    def _product(self, rows: torch.Tensor, bias: Optional[torch.Tensor], out: torch.Tensor) -> None:
+        """At most MAX_ROWS contiguous rows, straight from the blocks, into contiguous rows of ``out``."""
+        self._bound_product(bias)(rows.data_ptr(), out.data_ptr(), rows.shape[0], torch.get_num_threads())
+
+    def _bound_product(self, bias: Optional[torch.Tensor]) -> Callable[[int, int, int, int], None]:
+        """The kernel calls of a product with this bias, bound once: (x_p, out_p, t, threads) multiplies t
+        contiguous fp32 rows at x_p into t contiguous rows at out_p, a segment's bias and output columns by
+        pointer offset, not by views."""
         fn, n, k = _lib().gguf_linear_f32, self.out_features, self.in_features
         calls = [(type_id, blocks_p, None if bias is None else bias.data_ptr() + 4 * start, 4 * start, seg_rows)
                  for type_id, blocks_p, start, seg_rows in self._calls]
 
-        def into(x_p: int, out_p: int, t: int, threads: int) -> None:
+        def product(x_p: int, out_p: int, t: int, threads: int) -> None:
             for type_id, blocks_p, bias_p, offset, seg_rows in calls:
                 if call("actorserve::gguf_linear_f32", fn, type_id, x_p, t, blocks_p, bias_p, out_p + offset, n,
                         seg_rows, k, threads) != 0:
                     raise RuntimeError(f"gguf_linear_f32 refused type {type_id} [{seg_rows}, {k}]")
-        return RowsProduct(ROWS, run, self.out_features, into=into, into_rows=MAX_ROWS)
-
-    def _product(self, rows: torch.Tensor, bias: Optional[torch.Tensor], out: torch.Tensor) -> None:
-        """At most MAX_ROWS contiguous rows, straight from the blocks, into contiguous rows of ``out``; a
-        segment's bias and output columns by pointer offset, not by views."""
-        lib, threads, t = _lib(), torch.get_num_threads(), rows.shape[0]
-        x_p, out_p, bias_p = rows.data_ptr(), out.data_ptr(), None if bias is None else bias.data_ptr()
-        for type_id, blocks_p, start, seg_rows in self._calls:
-            rc = call("actorserve::gguf_linear_f32", lib.gguf_linear_f32, type_id, x_p, t, blocks_p,
-                      None if bias_p is None else bias_p + 4 * start, out_p + 4 * start, self.out_features, seg_rows,
-                      self.in_features, threads)
-            if rc != 0:
-                raise RuntimeError(f"gguf_linear_f32 refused type {type_id} [{seg_rows}, {self.in_features}]")
+        return product
 
     def _decoded_product(self, rows: torch.Tensor, bias: Optional[torch.Tensor], out: torch.Tensor) -> None:
         """Many rows: bound by arithmetic, so torch's GEMM on the weight decoded into this thread's scratch
