@@ -11,7 +11,9 @@ prompts batched (64 new tokens each; transformers pads on the left), a 512-token
 throughput (prompts of about 128 tokens, 128 new tokens, greedy). transformers runs the offline workload
 on fewer prompts (one padded batch), since its rate is what is compared. Both run in ``--dtype``
 (``--hf-dtype float32`` keeps transformers at the issue's anchor setting); ``--quantization none int8``
-times our engine both ways, each right after the same transformers run. llama.cpp runs each workload
+(or ``none gguf_q8``: the GGUF's weights by int8 activations) times our engine each way, each right after
+the same transformers run, and compares each setting's greedy tokens with the first's ("as first").
+llama.cpp runs each workload
 with our thread count, its multi-sequence decode for the batched ones (bench/llama_cpp_peer.py), and
 its greedy tokens are compared with ours; the resident memory after load of ``LLM()`` and of llama.cpp,
 each in a fresh process with its KV cache out of the count, is measured too. Prints a table of ratios
@@ -29,6 +31,7 @@ from pathlib import Path
 import torch
 
 from actorserve import LLM, SamplingParams
+from actorserve.runtime.config import QUANT_METHOD_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ROOT.parent / "shared" / "reference" / "bench_prompts.json"
@@ -122,7 +125,7 @@ def main() -> None:
     ap.add_argument("--hf-offline-prompts", type=int, default=32)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--hf-dtype", default=None, help="transformers' dtype (default: --dtype)")
-    ap.add_argument("--quantization", nargs="+", default=["none"], choices=["none", "int8"],
+    ap.add_argument("--quantization", nargs="+", default=["none"], choices=["none", *QUANT_METHOD_NAMES],
                     help="our engine in each of these settings, each workload timed right after transformers'")
     ap.add_argument("--llama-cpp", action="store_true", help="llama.cpp on the same GGUF too")
     args = ap.parse_args()
@@ -165,12 +168,16 @@ def main() -> None:
                          "actorserve_tok_s": our_rate, "ratio": our_rate / hf_rate, "transformers_s": hf_s,
                          "actorserve_s": our_s, "llama_cpp_tok_s": lc_rate,
                          "ratio_llama_cpp": None if lc_rate is None else our_rate / lc_rate,
-                         "llama_cpp_token_agreement": None})
-        if lc_tokens is not None:  # after the timed runs: this run fills the prefix cache
-            ref = ours_tokens(first, prompts, new_tokens)
-            agree = sum(a == b for x, y in zip(ref, lc_tokens) for a, b in zip(x, y)) / sum(len(x) for x in ref)
-            for r in rows[-len(engines):]:
-                r["llama_cpp_token_agreement"] = agree
+                         "llama_cpp_token_agreement": None, "first_token_agreement": None})
+        if lc_tokens is None and len(engines) == 1:
+            return
+        # after the timed runs (these fill the prefix cache): greedy tokens against the first setting's
+        ref = ours_tokens(first, prompts, new_tokens)
+        def agree(got: list[list[int]]) -> float:
+            return sum(a == b for x, y in zip(ref, got) for a, b in zip(x, y)) / sum(map(len, ref))
+        for r, llm in zip(rows[-len(engines):], engines.values()):
+            r["llama_cpp_token_agreement"] = None if lc_tokens is None else agree(lc_tokens)
+            r["first_token_agreement"] = agree(ours_tokens(llm, prompts, new_tokens))
 
     row("single-stream decode (64 new)", 64, [data["single"]], 64)
     row("16 prompts x 64 new", 16 * 64, data["batch"], 64)
@@ -203,14 +210,15 @@ def _default_gguf() -> str:
 
 
 def _print(rows: list[dict], memory: dict) -> None:
-    print(f"{'workload':42} {'ours':>5} {'transformers':>14} {'llama.cpp':>12} {'actorserve':>12} "
-          f"{'/ transformers':>15} {'/ llama.cpp':>12} {'same tokens':>12}")
+    print(f"{'workload':42} {'ours':>7} {'transformers':>14} {'llama.cpp':>12} {'actorserve':>12} "
+          f"{'/ transformers':>15} {'/ llama.cpp':>12} {'same tokens':>12} {'as first':>9}")
     for r in rows:
         lc = "" if r["llama_cpp_tok_s"] is None else f"{r['llama_cpp_tok_s']:8.1f} t/s"
         lr = "" if r["ratio_llama_cpp"] is None else f"{r['ratio_llama_cpp']:6.2f}x"
         ag = "" if r["llama_cpp_token_agreement"] is None else f"{100 * r['llama_cpp_token_agreement']:5.1f}%"
-        print(f"{r['workload']:42} {r['quantization']:>5} {r['transformers_tok_s']:10.1f} t/s {lc:>12} "
-              f"{r['actorserve_tok_s']:8.1f} t/s {r['ratio']:14.2f}x {lr:>12} {ag:>12}")
+        af = "" if r.get("first_token_agreement") is None else f"{100 * r['first_token_agreement']:5.1f}%"
+        print(f"{r['workload']:42} {r['quantization']:>7} {r['transformers_tok_s']:10.1f} t/s {lc:>12} "
+              f"{r['actorserve_tok_s']:8.1f} t/s {r['ratio']:14.2f}x {lr:>12} {ag:>12} {af:>9}")
     for name, mib in memory.items():
         print(f"resident after load, {name[:-8]}: {mib:.0f} MiB")
 

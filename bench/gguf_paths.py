@@ -3,7 +3,9 @@ dequantizing at load gives, torch's ``F.linear``), our kernel on the file's bloc
 Q4_1 as the default file's layers and Q8_0 as its embedding table), and torch's own CPU weight-only ops on
 the nearest layouts they take: ``_weight_int4pack_mm_for_cpu`` (4-bit groups of 32 with a scale and a
 zero point each, as Q4_1 has) and ``_weight_int8pack_mm`` (8-bit with one scale per output channel,
-coarser than Q8_0's per-block scales, so not the file's values).
+coarser than Q8_0's per-block scales, so not the file's values). Beside them, the opt-in q8 products
+(``kernels.gemm.gguf_q8``: the same blocks repacked, by activations quantized to int8 per block of 32,
+approximate).
 
     .venv/bin/python bench/gguf_paths.py [--rows 1 2 4 8]
 
@@ -18,7 +20,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from actorserve.kernels.gemm import gguf
+from actorserve.kernels.gemm import gguf, gguf_q8
 from actorserve.kernels.gemm.gguf import GgufWeight, Segment
 from gemm_paths import SHAPES, _time  # the same shapes and timing as the bf16 paths (run from bench/)
 
@@ -47,7 +49,7 @@ def _int4pack(w: torch.Tensor):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 64])
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
     rng = np.random.default_rng(0)
@@ -56,6 +58,10 @@ def main() -> None:
     dense = [w.dequantize() for w in q41]
     head_q80 = _blocks("Q8_0", HEAD[1], HEAD[0], rng)
     head = head_q80.dequantize()
+    q8 = gguf_q8.available()
+    q41_q8 = [gguf_q8.GgufQ8Weight(w) for w in q41] if q8 else []
+    q80_q8 = [gguf_q8.GgufQ8Weight(w) for w in q80] if q8 else []
+    head_q8 = gguf_q8.GgufQ8Weight(head_q80) if q8 else None
     try:
         int4 = [_int4pack(w) for w in dense]
     except (RuntimeError, AttributeError) as e:
@@ -65,7 +71,7 @@ def main() -> None:
     print(f"{len(dense)} weights: {sum(w.numel() * 4 for w in dense) / 1e6:.0f} MB fp32, "
           f"{sum(w.nbytes for w in q41) / 1e6:.0f} MB Q4_1; {torch.get_num_threads()} threads")
     print("rows | 120 linears: fp32 ms | Q4_1 ms | Q8_0 ms | torch int4pack ms | torch int8pack ms "
-          "| lm_head: fp32 ms | Q8_0 ms")
+          "| Q4_1 q8 ms | Q8_0 q8 ms | lm_head: fp32 ms | Q8_0 ms | Q8_0 q8 ms")
     nan = float("nan")
     for m in args.rows:
         xs = {k: torch.randn(m, k) for k, _ in SHAPES}
@@ -78,8 +84,12 @@ def main() -> None:
         t_int8 = _time(lambda: [torch._weight_int8pack_mm(xs[q.shape[1]], q, s) for q, s in int8], r)
         h_dense = _time(lambda: F.linear(xs[576], head), r)
         h_q80 = _time(lambda: head_q80.apply(xs[576]), r)
+        t_q41_q8 = _time(lambda: [w.apply(xs[w.in_features]) for w in q41_q8], r) if q8 else nan
+        t_q80_q8 = _time(lambda: [w.apply(xs[w.in_features]) for w in q80_q8], r) if q8 else nan
+        h_q8 = _time(lambda: head_q8.apply(xs[576]), r) if q8 else nan
         print(f"{m:4d} | {t_dense * 1e3:8.2f} | {t_q41 * 1e3:8.2f} | {t_q80 * 1e3:8.2f} | {t_int4 * 1e3:8.2f} "
-              f"| {t_int8 * 1e3:8.2f} | {h_dense * 1e3:8.2f} | {h_q80 * 1e3:8.2f}")
+              f"| {t_int8 * 1e3:8.2f} | {t_q41_q8 * 1e3:8.2f} | {t_q80_q8 * 1e3:8.2f} | {h_dense * 1e3:8.2f} "
+              f"| {h_q80 * 1e3:8.2f} | {h_q8 * 1e3:8.2f}")
 
 
 if __name__ == "__main__":

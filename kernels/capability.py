@@ -11,6 +11,9 @@ Each path has its own predicate, so that one missing instruction switches off on
   the int8 row passes) runs: ``"avx512_bf16"`` where the CPU has AVX-512 BF16, else ``"avx2"`` where it
   has AVX2 with FMA (an AVX-512 CPU without BF16 too), else None. Each source is one text built per ISA
   (kernels/simd.h). The decode fast path runs on these, so it follows them.
+- ``q8_isa``: which build of the q8 products (GGUF weights by int8-quantized activations, the opt-in
+  ``gguf_q8`` method): ``"avx512_vnni"`` where the CPU has AVX-512 VNNI, else ``"avx2"`` where it has AVX2
+  with FMA, else None. Its own predicate: VNNI is not implied by BF16 nor the reverse.
 - ``prepacked_bf16``: oneDNN's blocked bf16 weights. torch refuses to reorder a bf16 weight unless the CPU
   has AVX-512 BW/VL/DQ or AVX-NE-CONVERT, and says so only by raising at load; this asks first.
 - ``int_mm``: ``torch._int_mm``, the int8 product, checked by running it once; without it the int8 layers
@@ -39,6 +42,7 @@ class CpuFeatures:
     isa: str  # "avx512" (F, BW, VL, DQ), "avx2" (with FMA) or "generic"
     avx512_bf16: bool
     avx_ne_convert: bool
+    avx512_vnni: bool = False
 
 
 @dataclass(frozen=True)
@@ -49,11 +53,13 @@ class CpuPaths:
     hardware_isa: str  # this CPU's own level
     kernels_enabled: bool = True  # False: ACTORSERVE_CPU_KERNELS=0, every C kernel and prepacking off
     kernel_isa: Optional[str] = None  # the C kernels' build: "avx512_bf16", "avx2", or None (none run)
+    q8_isa: Optional[str] = None  # the q8 products' build: "avx512_vnni", "avx2", or None
     prepacked_bf16: bool = False
     int_mm: bool = False
 
     def describe(self) -> str:
-        on = ([f"C kernels ({self.kernel_isa})"] if self.kernel_isa else []) + [
+        on = ([f"C kernels ({self.kernel_isa})"] if self.kernel_isa else []) + (
+            [f"q8 products ({self.q8_isa})"] if self.q8_isa else []) + [
             name for name in ("prepacked_bf16", "int_mm") if getattr(self, name)]
         seen = self.isa if self.isa == self.hardware_isa else f"{self.isa} (override; this CPU: {self.hardware_isa})"
         return f"CPU {seen}; fast paths on: {', '.join(on) or 'none'}" + (
@@ -88,7 +94,8 @@ def hardware_features() -> CpuFeatures:
     else:
         isa = "generic"
     return CpuFeatures(isa, avx512_bf16=isa == "avx512" and _supported("_is_avx512_bf16_supported"),
-                       avx_ne_convert=isa != "generic" and _avx_ne_convert())
+                       avx_ne_convert=isa != "generic" and _avx_ne_convert(),
+                       avx512_vnni=isa == "avx512" and _supported("_is_vnni_supported"))
 
 
 def masked(features: CpuFeatures, override: Optional[str]) -> CpuFeatures:
@@ -133,6 +140,13 @@ def kernel_isa(features: CpuFeatures) -> Optional[str]:
     return "avx2" if features.isa in ("avx2", "avx512") else None
 
 
+def q8_isa(features: CpuFeatures) -> Optional[str]:
+    """The best build of the q8 products these features run."""
+    if features.isa == "avx512" and features.avx512_vnni:
+        return "avx512_vnni"
+    return "avx2" if features.isa in ("avx2", "avx512") else None
+
+
 def detect(isa_override: Optional[str] = None, kernels_enabled: bool = True) -> CpuPaths:
     if isa_override is not None and isa_override not in ISAS:
         raise ValueError(f"the CPU ISA override must be one of {ISAS}, got {isa_override!r}")
@@ -140,6 +154,7 @@ def detect(isa_override: Optional[str] = None, kernels_enabled: bool = True) -> 
     seen = masked(real, isa_override)
     return CpuPaths(isa=seen.isa, hardware_isa=real.isa, kernels_enabled=kernels_enabled,
                     kernel_isa=kernel_isa(seen) if kernels_enabled else None,
+                    q8_isa=q8_isa(seen) if kernels_enabled else None,
                     prepacked_bf16=kernels_enabled and _onednn_bf16(seen),
                     int_mm=_int_mm_runs())
 

@@ -91,6 +91,8 @@ def load(source: Path, flags: list[str]) -> Optional[ctypes.CDLL]:
 ISA_FLAGS = {
     "avx512_bf16": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mf16c"],
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
+    # the q8 products' build (capability.q8_isa): AVX-512 with VNNI, its own source's branch
+    "avx512_vnni": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"],
 }
 COMMON_FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp"]
 
@@ -105,17 +107,18 @@ ELEMENTS = {"bfloat16": ([], "_bf16"), "float32": (["-DACTORSERVE_ELEM_F32"], "_
 
 
 class CpuKernelLibrary:
-    """One C source, built for this process's ISA (``capability.current().kernel_isa``) and loaded at most
-    once per process, with its functions' ctypes signatures declared; None where the gate says no (a CPU,
-    or an ISA override, below AVX2, or ``ACTORSERVE_CPU_KERNELS=0``), or the build fails.
+    """One C source, built for this process's ISA (``capability.current().kernel_isa``, or the field of
+    ``CpuPaths`` that ``gate`` names) and loaded at most once per process, with its functions' ctypes
+    signatures declared; None where the gate says no (a CPU, or an ISA override, below AVX2, or
+    ``ACTORSERVE_CPU_KERNELS=0``), or the build fails.
 
     A source written for an element type (``element``, a key of ``ELEMENTS``) is built for that one, and
     its functions, exported as ``name_bf16`` or ``name_f32``, are also reachable by the plain ``name``
     that ``signatures`` gives: a caller holds the library of its dtype and never spells the suffix."""
 
     def __init__(self, source: Path, signatures: dict[str, tuple[Any, list[Any]]],
-                 element: Optional[str] = None) -> None:
-        self.source, self.signatures = source, signatures
+                 element: Optional[str] = None, gate: str = "kernel_isa") -> None:
+        self.source, self.signatures, self.gate = source, signatures, gate
         self.defines, self.suffix = ELEMENTS[element] if element is not None else ([], "")
         self._lib: Optional[ctypes.CDLL] = None
         self._paths: Optional[capability.CpuPaths] = None  # the gates this answer was decided under
@@ -124,7 +127,8 @@ class CpuKernelLibrary:
         paths = capability.current()
         if paths is not self._paths:
             self._paths = paths
-            self._lib = self._load(paths.kernel_isa) if paths.kernel_isa else None
+            isa = getattr(paths, self.gate)
+            self._lib = self._load(isa) if isa else None
         return self._lib
 
     def _load(self, isa: str) -> Optional[ctypes.CDLL]:

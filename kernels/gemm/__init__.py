@@ -5,7 +5,8 @@ every batch size; the skinny kernel serves plain bf16 weights of few-row product
 available. Measured side by side at 1 to 4 rows, holding both layouts bought at most about 7% (within
 the machine's noise) for twice the weight memory, so a matrix is held in one layout only. A weight
 quantized at load (``int8``, opt-in) takes the int8 product, and a GGUF weight kept as the file's blocks
-(``gguf``: fp32 models) the product that decodes them.
+(``gguf``: fp32 models) the product that decodes them, or with ``gguf_q8`` the integer product with
+int8-quantized activations.
 """
 from __future__ import annotations
 
@@ -16,12 +17,13 @@ from torch.nn import functional as F
 
 from actorserve.kernels.gemm import skinny
 from actorserve.kernels.gemm.gguf import GgufWeight
+from actorserve.kernels.gemm.gguf_q8 import GgufQ8Weight
 from actorserve.kernels.gemm.int8 import Int8Weight
 from actorserve.kernels.gemm.prepacked import PackedWeight
 from actorserve.kernels.gemm.rows_product import RowsProduct
 
 # A weight prepared once at load in place of the plain matrix; each kind computes F.linear from its form.
-PreparedWeight = Union[PackedWeight, Int8Weight, GgufWeight]
+PreparedWeight = Union[PackedWeight, Int8Weight, GgufWeight, GgufQ8Weight]
 
 
 def linear(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor] = None,
@@ -36,4 +38,4 @@ def linear(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch
     return F.linear(x, weight, bias)
 
 
-__all__ = ["GgufWeight", "Int8Weight", "PackedWeight", "PreparedWeight", "RowsProduct", "linear"]
+__all__ = ["GgufQ8Weight", "GgufWeight", "Int8Weight", "PackedWeight", "PreparedWeight", "RowsProduct", "linear"]

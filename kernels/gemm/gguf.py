@@ -18,7 +18,7 @@ import ctypes
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch.nn import functional as F
@@ -97,29 +97,11 @@ class GgufWeight:
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """The fp32 rows at ``ids`` (any shape): an embedding lookup that decodes only what it gathers."""
-        flat = ids.reshape(-1)
-        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= self.out_features):
-            raise IndexError(f"row index out of range: the table has {self.out_features} rows")
-        out = torch.empty(flat.numel(), self.in_features, dtype=torch.float32)
-        if len(self.segments) == 1:  # a table of one block type (the usual): every id is a row of its blocks
-            s = self.segments[0]
-            self._decode(s.type_name, s.blocks.index_select(0, flat), out)
-            return out.view(*ids.shape, self.in_features)
-        for s in self.segments:
-            where = ((flat >= s.start) & (flat < s.start + s.rows)).nonzero().view(-1)
-            if where.numel() == 0:
-                continue
-            decoded = out if where.numel() == flat.numel() else torch.empty(where.numel(), self.in_features)
-            self._decode(s.type_name, s.blocks.index_select(0, flat[where] - s.start), decoded)
-            if decoded is not out:
-                out[where] = decoded
-        return out.view(*ids.shape, self.in_features)
+        return gather_rows(ids, self.out_features, self.in_features, [(s.start, s.rows, s) for s in self.segments],
+                           lambda s, local, into: self._decode(s.type_name, s.blocks.index_select(0, local), into))
 
     def apply(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-        if x.dtype != torch.float32 or x.shape[-1] != self.in_features:
-            raise ValueError(f"GgufWeight: fp32 input of {self.in_features} features, got {x.dtype} "
-                             f"{tuple(x.shape)}")
-        rows = x.reshape(-1, self.in_features).contiguous()
+        rows = input_rows(x, self.in_features, "GgufWeight")
         if bias is not None:
             bias = bias.float().contiguous()
         out = torch.empty(rows.shape[0], self.out_features, dtype=torch.float32)
@@ -193,6 +175,36 @@ class GgufWeight:
             raise RuntimeError(f"gguf_dequantize_f32 refused {type_name} [{n}, {self.in_features}]")
 
 
+def input_rows(x: torch.Tensor, in_features: int, kind: str) -> torch.Tensor:
+    """The fp32 input of a product as contiguous rows [T, in_features]; ValueError for another input."""
+    if x.dtype != torch.float32 or x.shape[-1] != in_features:
+        raise ValueError(f"{kind}: fp32 input of {in_features} features, got {x.dtype} {tuple(x.shape)}")
+    return x.reshape(-1, in_features).contiguous()
+
+
+def gather_rows(ids: torch.Tensor, out_features: int, in_features: int, parts: list[tuple[int, int, Any]],
+                decode: Callable[[Any, torch.Tensor, torch.Tensor], None]) -> torch.Tensor:
+    """The fp32 rows at ``ids`` (any shape) of a weight held as row parts ``(start, rows, part)`` in order:
+    ``decode(part, local ids, into)`` decodes the part's rows at the (contiguous int64) local ids into as
+    many contiguous rows. Only the gathered rows are decoded."""
+    flat = ids.reshape(-1).to(torch.int64)
+    if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= out_features):
+        raise IndexError(f"row index out of range: the table has {out_features} rows")
+    out = torch.empty(flat.numel(), in_features, dtype=torch.float32)
+    if len(parts) == 1:  # a table of one part (the usual): every id is a row of it
+        decode(parts[0][2], flat.contiguous(), out)
+        return out.view(*ids.shape, in_features)
+    for start, rows, part in parts:
+        where = ((flat >= start) & (flat < start + rows)).nonzero().view(-1)
+        if where.numel() == 0:
+            continue
+        decoded = out if where.numel() == flat.numel() else torch.empty(where.numel(), in_features)
+        decode(part, (flat[where] - start).contiguous(), decoded)
+        if decoded is not out:
+            out[where] = decoded
+    return out.view(*ids.shape, in_features)
+
+
 def _merged(segments: list[Segment]) -> list[Segment]:
     """Neighbouring segments of one block type joined into one (q|k|v and gate|up mostly are): one kernel
     call, and one pass of its threads, for each."""
@@ -205,20 +217,20 @@ def _merged(segments: list[Segment]) -> list[Segment]:
     return out
 
 
-class _Scratch(threading.local):
-    """Each thread's decode buffer, grown to at most TILE_VALUES floats and reused: allocating it fresh
-    for every product costs a page fault per 4 KiB written."""
+class ThreadScratch(threading.local):
+    """Each thread's work buffer of one dtype, grown as needed and reused: allocating it fresh for every
+    product costs a page fault per 4 KiB written."""
 
-    def __init__(self) -> None:
-        self.buffer: Optional[torch.Tensor] = None
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype, self.buffer = dtype, None
 
     def get(self, values: int) -> torch.Tensor:
         if self.buffer is None or self.buffer.numel() < values:
-            self.buffer = torch.empty(values, dtype=torch.float32)
+            self.buffer = torch.empty(values, dtype=self.dtype)
         return self.buffer[:values]
 
 
-_scratch = _Scratch()
+_scratch = ThreadScratch(torch.float32)  # the decoded tiles, at most TILE_VALUES floats
 
 
 def _lib() -> ctypes.CDLL:

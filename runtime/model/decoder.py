@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from actorserve.kernels.attention import AttentionBackend
-from actorserve.kernels.gemm import GgufWeight, PreparedWeight, linear, prepacked
+from actorserve.kernels.gemm import GgufQ8Weight, GgufWeight, PreparedWeight, linear, prepacked
 from actorserve.runtime.model.arch_config import ArchConfig
 from actorserve.runtime.model.layers import Embedding, GatedMLP, Linear, RMSNorm, RotaryEmbedding, apply_rotary, rope_inv_freq
 
@@ -161,12 +161,12 @@ class CausalLM(nn.Module):
                 layout[name.replace(fused[0], part)] = (name, start, end)
         return layout
 
-    def _held_blocks(self) -> dict[str, GgufWeight]:
+    def _held_blocks(self) -> dict[str, GgufWeight | GgufQ8Weight]:
         """Weights held as GGUF blocks (no longer parameters), by the parameter name they replace."""
         held = {}
         for name, m in self.named_modules():
             w = m.blocks if isinstance(m, Embedding) else m.packed if isinstance(m, Linear) else None
-            if isinstance(w, GgufWeight):
+            if isinstance(w, (GgufWeight, GgufQ8Weight)):
                 held[f"{name}.weight"] = w
         return held
 
@@ -228,6 +228,20 @@ class CausalLM(nn.Module):
     def hold_tied_head(self, blocks: Optional[GgufWeight]) -> None:
         """A tied lm_head's product from the GGUF embedding table's blocks (the table stays for lookups)."""
         self._tied_head = blocks
+
+    def hold_q8_products(self) -> int:
+        """Multiply every GGUF weight of block types the q8 products take by int8-quantized activations
+        (``kernels.gemm.gguf_q8``); a tied lm_head and the lookups share the one repacked table (whose
+        lookups decode it). Returns how many matrices were repacked."""
+        count = sum(m.hold_q8_products() for m in self.modules() if isinstance(m, Linear))
+        embed = self.model.embed_tokens
+        if embed is not None and embed.blocks is not None:
+            tied = self._tied_head is embed.blocks
+            if embed.hold_q8_products():
+                count += 1
+                if tied:
+                    self._tied_head = embed.blocks
+        return count
 
     def quantize_int8(self) -> int:
         """Hold every linear of the layers as int8 (``kernels.gemm.int8``); the lm_head and the embedding

@@ -9,7 +9,9 @@ from torch import nn
 
 from actorserve.kernels.elementwise import add_rms_norm, rms_norm, rotary, silu_mul
 from actorserve.kernels.gemm import Int8Weight, PreparedWeight, int8, linear, prepacked
+from actorserve.kernels.gemm import gguf_q8
 from actorserve.kernels.gemm.gguf import GgufWeight, Segment
+from actorserve.kernels.gemm.gguf_q8 import GgufQ8Weight
 from actorserve.kernels.gemm.rows_product import ROWS, RowsProduct
 
 
@@ -33,6 +35,14 @@ class Linear(nn.Linear):
         at load, where every row of the weight came as blocks."""
         self.packed = GgufWeight(segments, self.in_features, self.out_features)
         self.weight = None
+
+    def hold_q8_products(self) -> bool:
+        """Multiply the GGUF blocks by int8-quantized activations (``kernels.gemm.gguf_q8``), where the
+        weight is of block types those products take; after ``hold_blocks``."""
+        if not isinstance(self.packed, GgufWeight) or not gguf_q8.takes(self.packed):
+            return False
+        self.packed = GgufQ8Weight(self.packed)
+        return True
 
     def prepack(self) -> bool:
         """Pack the weight where that path takes it; once, after loading."""
@@ -58,11 +68,18 @@ class Embedding(nn.Embedding):
     the rows it gathers, the values the fp32 table would hold, and a tied lm_head multiplies by the same
     blocks."""
 
-    blocks: Optional[GgufWeight] = None
+    blocks: Optional[GgufWeight | GgufQ8Weight] = None
 
     def hold_blocks(self, segments: list[Segment]) -> None:
         self.blocks = GgufWeight(segments, self.embedding_dim, self.num_embeddings)
         self.weight = None
+
+    def hold_q8_products(self) -> bool:
+        """The table repacked for the q8 products (of a tied lm_head), which lookups decode too."""
+        if not isinstance(self.blocks, GgufWeight) or not gguf_q8.takes(self.blocks):
+            return False
+        self.blocks = GgufQ8Weight(self.blocks)
+        return True
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return super().forward(input_ids) if self.blocks is None else self.blocks.rows(input_ids)

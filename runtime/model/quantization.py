@@ -78,7 +78,30 @@ class GgufBlocks(QuantMethod):
         return gguf.keeps(type_name, shape)
 
 
-METHODS: dict[str, QuantMethod] = {m.name: m for m in (W8A8Int8(), GgufBlocks())}
+class GgufQ8(GgufBlocks):
+    """The GGUF blocks multiplied by activations quantized to int8 per block of 32, as llama.cpp's q8 dot
+    products do (``kernels.gemm.gguf_q8``): integer products, several times the fp32 arithmetic's pace on
+    batches and prefills, approximate. Weights of Q4_0, Q4_1 and Q8_0 blocks take them (repacked at load
+    into as many bytes); others keep the exact product. Needs what ``gguf`` needs and
+    ``capability.CpuPaths.q8_isa``."""
+
+    name = "gguf_q8"
+    summary = ("a GGUF file's Q4_0 / Q4_1 / Q8_0 weights kept as stored, multiplied by activations quantized "
+               "to int8 per block of 32 (llama.cpp's q8 dot products; approximate)")
+
+    def check(self, dtype: str, device: str, gguf_file: bool) -> Optional[str]:
+        from actorserve.kernels.gemm import gguf_q8
+
+        why = super().check(dtype, device, gguf_file)
+        if why is None and not gguf_q8.available():
+            return "its kernels need a CPU with AVX2 and a C compiler (and ACTORSERVE_CPU_KERNELS not 0)"
+        return why
+
+    def prepare(self, net, dtype) -> None:
+        net.hold_q8_products()
+
+
+METHODS: dict[str, QuantMethod] = {m.name: m for m in (W8A8Int8(), GgufBlocks(), GgufQ8())}
 NAMES = tuple(METHODS)
 
 

@@ -70,7 +70,12 @@ def test_int8_quantization_keeps_the_answers(greedy_reference):
     from actorserve import LLM
 
     llm = LLM(dtype="bfloat16", quantization="int8", kv_cache_memory=128 << 20, max_model_len=2048)
-    refs = greedy_reference["prompts"]
+    _keeps_the_facts(llm, greedy_reference["prompts"])
+
+
+def _keeps_the_facts(llm, refs) -> list:
+    """Each answer that states a fact in the reference states it here too, alone and in one batch, each
+    started from the reference's first token; returns the batch's outputs."""
     facts = {"capital of France": "Paris", "sky blue": "Rayleigh"}
     started = lambda ref: {"prompt_token_ids": ref["prompt_ids"] + ref["output_ids"][:1]}  # noqa: E731
     for ref in refs:
@@ -83,6 +88,26 @@ def test_int8_quantization_keeps_the_answers(greedy_reference):
     batch = llm.generate([started(r) for r in refs], GREEDY, use_tqdm=False)
     texts = [o.outputs[0].text for o in batch]
     assert sum(any(v in t for v in facts.values()) for t in texts) == 2, texts
+    return batch
+
+
+def test_gguf_q8_keeps_the_answers(greedy_reference):
+    """``quantization="gguf_q8"`` (llama.cpp's q8 dot products) approximates the activations, so its tokens
+    drift from the reference as llama.cpp's do; a broken product would show as nonsense at once. Its
+    answers keep the facts of the reference's, in the batch and alone, and its first tokens are the
+    reference's on most prompts."""
+    import pytest
+
+    from actorserve import LLM
+    from actorserve.kernels.gemm import gguf_q8
+
+    if not gguf_q8.available():
+        pytest.skip("needs the q8 products")
+    llm = LLM(quantization="gguf_q8", kv_cache_memory=128 << 20, max_model_len=2048)
+    refs = greedy_reference["prompts"]
+    batch = _keeps_the_facts(llm, refs)
+    same = [o.outputs[0].token_ids[:4] == r["output_ids"][1:5] for o, r in zip(batch, refs)]
+    assert sum(same) >= len(refs) - 1, [o.outputs[0].text for o in batch]
 
 
 def test_other_block_sizes_keep_the_reference(greedy_reference):

@@ -65,17 +65,21 @@ def test_products_match_the_dense_fp32_product(type_name, m):
         assert_same_up_to_sum_order(w.apply(x, bb), x, dense, bb)
 
 
-def test_segments_of_different_types_make_one_fused_weight():
-    k = 64
-    parts = [("Q4_1", 5), ("Q8_0", 3), ("Q4_0", 70)]
+def fused(parts: list[tuple[str, int]], k: int) -> tuple[list[Segment], torch.Tensor]:
+    """Segments of random blocks of these (type, rows) in order, and the dense matrix they stand for."""
     segments, dense, at = [], [], 0
     for i, (t, rows) in enumerate(parts):
         b = blocks(t, rows, k, seed=i)
         segments.append(Segment(t, b, at, rows))
         dense.append(reference(t, b, rows, k))
         at += rows
+    return segments, torch.cat(dense)
+
+
+def test_segments_of_different_types_make_one_fused_weight():
+    k = 64
+    segments, dense = fused([("Q4_1", 5), ("Q8_0", 3), ("Q4_0", 70)], k)
     w = GgufWeight(segments, k)
-    dense = torch.cat(dense)
     assert w.out_features == 78 and torch.equal(w.dequantize(), dense)
     x = torch.randn(2, 3, k)
     assert_same_up_to_sum_order(w.apply(x), x, dense)

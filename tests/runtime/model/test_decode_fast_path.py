@@ -5,7 +5,7 @@ import torch
 
 from actorserve.kernels.attention import cpu_decode
 from actorserve.kernels.elementwise import cpu_rows
-from actorserve.kernels.gemm import GgufWeight, gguf, int8
+from actorserve.kernels.gemm import GgufQ8Weight, GgufWeight, gguf, gguf_q8, int8
 from actorserve.runtime.engine.batch import ScheduledChunk, SchedulerOutput
 from actorserve.runtime.model import loader
 from actorserve.runtime.model.decode_fast_path import DecodeFastPath
@@ -142,6 +142,23 @@ def test_the_default_gguf_model_in_fp32(tmp_path):
     assert _FILLED not in runner.fast_decode.planner.shapes
     _compare(runner, prompt_lens=(5,), decode_steps=3)
     _compare(runner, prompt_lens=(3, 17, 40, 2, 9, 11, 30, 4, 6, 8), decode_steps=2)  # past MAX_ROWS
+
+
+@pytest.mark.skipif(not (gguf_q8.available() and cpu_decode.available(torch.float32)),
+                    reason="needs the q8 products and the fp32 kernels")
+def test_the_default_gguf_model_with_q8_products(tmp_path):
+    """``gguf_q8``: every linear and the tied head repacked for the q8 products, which the plan calls by
+    pointer for any row count; still the module path to the bit."""
+    from actorserve.runtime.model.decode_fast_path import _FILLED
+
+    runner = _runner(None, dtype="float32", num_blocks=80, quantization="gguf_q8")
+    model = runner.model
+    assert {type(m.packed) for m in model.modules() if isinstance(m, Linear)} == {GgufQ8Weight}
+    assert model._tied_head is model.model.embed_tokens.blocks and isinstance(model._tied_head, GgufQ8Weight)
+    assert runner.fast_decode.kernels["product_rows"] == 4 * model.cfg.num_layers
+    assert _FILLED not in runner.fast_decode.planner.shapes
+    _compare(runner, prompt_lens=(5,), decode_steps=2)
+    _compare(runner, prompt_lens=(3, 17, 40, 2, 9, 11, 30, 4, 6, 8), decode_steps=2)
 
 
 def test_mixed_and_prefill_steps_take_the_module_path(tmp_path):

@@ -3,7 +3,7 @@ model here says why; the GGUF blocks are held as stored and give the dense model
 import pytest
 import torch
 
-from actorserve.kernels.gemm import GgufWeight, Int8Weight, gguf
+from actorserve.kernels.gemm import GgufQ8Weight, GgufWeight, Int8Weight, gguf, gguf_q8
 from actorserve.runtime.config import QUANTIZATIONS
 from actorserve.runtime.errors import ModelLoadError
 from actorserve.runtime.model import loader, quantization
@@ -15,7 +15,8 @@ needs_gguf_kernels = pytest.mark.skipif(not gguf.available(), reason="needs a CP
 def test_the_config_and_the_cli_take_the_registry_names(capsys):
     from actorserve.cli import main
 
-    assert QUANTIZATIONS == (None, *quantization.METHODS) and set(quantization.METHODS) >= {"int8", "gguf"}
+    assert QUANTIZATIONS == (None, *quantization.METHODS)
+    assert set(quantization.METHODS) >= {"int8", "gguf", "gguf_q8"}
     with pytest.raises(SystemExit) as exit:
         main(["generate", "--help"])
     assert exit.value.code == 0
@@ -33,7 +34,11 @@ def test_selection_and_its_refusals():
     with pytest.raises(ValueError, match="float32 on the CPU"):
         quantization.select("gguf", "bfloat16", "cpu", True)
     expected = "gguf" if gguf.available() else ""
-    assert quantization.select(None, "float32", "cpu", True).name == expected
+    assert quantization.select(None, "float32", "cpu", True).name == expected  # q8 is never the default
+    with pytest.raises(ValueError, match="needs a .gguf model"):
+        quantization.select("gguf_q8", "float32", "cpu", False)
+    with pytest.raises(ValueError, match="float32 on the CPU"):
+        quantization.select("gguf_q8", "bfloat16", "cpu", True)
 
 
 def _kinds(net) -> set[type]:
@@ -73,3 +78,22 @@ def test_held_blocks_give_the_dense_models_logits_and_tokens(monkeypatch):
     got = [o.outputs[0].token_ids for o in held.generate(prompts, params, use_tqdm=False)]
     want = [o.outputs[0].token_ids for o in dense.generate(prompts, params, use_tqdm=False)]
     assert got == want
+
+
+@pytest.mark.skipif(not (gguf.available() and gguf_q8.available()), reason="needs the q8 products")
+def test_q8_products_hold_the_file_once_and_stay_near_the_exact_logits(monkeypatch):
+    """``gguf_q8``: every linear and the tied table repacked (no other copy: lookups decode the repacked
+    table, to the exact model's bits); the logits stay near the exact model's, a few hundredths of their
+    spread, where a wrong block, scale or row would be far off."""
+    exact = loader.load_model(None, max_positions=64, skip_tokenizer=True).model
+    q8 = loader.load_model(None, max_positions=64, skip_tokenizer=True, quantization="gguf_q8").model
+    assert _kinds(q8) == {GgufQ8Weight}
+    table = q8.model.embed_tokens.blocks
+    assert q8._tied_head is table and isinstance(table, GgufQ8Weight) and q8.model.embed_tokens.weight is None
+    assert table.nbytes == exact.model.embed_tokens.blocks.nbytes  # the file's bytes (49152 rows: no padding)
+    ids = torch.tensor([1, 9690, 28, 253, 1025, 314, 49151])
+    assert torch.equal(q8.model.embed_tokens(ids), exact.model.embed_tokens(ids))
+    hidden = torch.randn(4, exact.cfg.hidden_size, generator=torch.Generator().manual_seed(0))
+    a, b = exact.compute_logits(hidden), q8.compute_logits(hidden)
+    assert ((a - b).norm(dim=-1) <= 0.03 * a.norm(dim=-1)).all()
+    assert (a.argmax(-1) == b.argmax(-1)).all()
