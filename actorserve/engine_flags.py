@@ -61,11 +61,23 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         kwargs: dict[str, Any] = dict(dest=f.name, default=None, help=meta["help"] + shown)
         if base is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
+        elif meta.get("parse") is not None:
+            kwargs["type"] = _argument_type(meta["parse"])
         else:
             kwargs["type"] = human_int if base is int else base
             if meta["choices"] is not None:
                 kwargs["choices"] = list(meta["choices"])
         group.add_argument(flag_name(f.name), *meta["aliases"], **kwargs)
+
+
+def _argument_type(parse):
+    """``parse`` as an argparse type: its ValueError becomes argparse's usage error, with the reason."""
+    def convert(text: str):
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return convert
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:

@@ -102,7 +102,8 @@ class FrontendMetrics:
 
 
 class _EngineCollector:
-    """The scheduler's own counts, as of the last health pong: preemptions and tokens per step."""
+    """The scheduler's own counts, as of the last health pong: preemptions, tokens per step, and
+    speculative decoding's drafts."""
 
     def __init__(self, model_name: str) -> None:
         self.model_name = model_name
@@ -124,6 +125,20 @@ class _EngineCollector:
             cumulative.append((bound, running))
         steps.add_metric(labels, cumulative, self.pong.step_token_sum if self.pong is not None else 0)
         yield steps
+        if self.pong is not None and self.pong.spec_accepted_per_pos:  # speculative decoding is on
+            for name, value, text in (
+                    ("num_drafts", self.pong.spec_num_drafts, "Steps that verified draft tokens"),
+                    ("num_draft_tokens", self.pong.spec_num_draft_tokens, "Draft tokens proposed"),
+                    ("num_accepted_tokens", self.pong.spec_num_accepted_tokens, "Draft tokens accepted")):
+                family = CounterMetricFamily(f"vllm:spec_decode_{name}", text, labels=["model_name", "engine"])
+                family.add_metric(labels, value)
+                yield family
+            per_pos = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                          "Draft tokens accepted at each position",
+                                          labels=["model_name", "engine", "position"])
+            for position, value in enumerate(self.pong.spec_accepted_per_pos):
+                per_pos.add_metric(labels + [str(position)], value)
+            yield per_pos
 
 
 class RequestTimer:

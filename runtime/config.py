@@ -29,11 +29,13 @@ KV_SPACE_ENV = "ACTORSERVE_CPU_KVCACHE_SPACE"  # GiB, as vLLM's VLLM_CPU_KVCACHE
 
 
 def option(default: Any = None, help: str = "", *, factory: Optional[Callable[[], Any]] = None,
-           cli: bool = True, choices: Optional[Sequence[Any]] = None, aliases: Sequence[str] = ()) -> Any:
+           cli: bool = True, choices: Optional[Sequence[Any]] = None, aliases: Sequence[str] = (),
+           parse: Optional[Callable[[str], Any]] = None) -> Any:
     """A config field and its command-line flag in one place: ``actorserve.cli`` generates the flags of
     every engine command from these (``--field-name``; a bool is ``--x`` / ``--no-x``), so the commands
-    cannot disagree. ``cli=False``: set from Python or by the launcher only."""
-    meta = {"help": help, "cli": cli, "choices": choices, "aliases": tuple(aliases)}
+    cannot disagree. ``cli=False``: set from Python or by the launcher only. ``parse``: how the flag's
+    text becomes the value, where the field's type is not a plain one."""
+    meta = {"help": help, "cli": cli, "choices": choices, "aliases": tuple(aliases), "parse": parse}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -103,14 +105,79 @@ class CacheConfig:
         return _DEFAULT_KV_BYTES, "the default; set kv_cache_memory or ACTORSERVE_CPU_KVCACHE_SPACE (GiB)"
 
 
+SPEC_METHODS = ("ngram",)
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding, as vLLM's ``speculative_config`` JSON spells it (``runtime.engine.spec_decode``):
+    ``method`` "ngram" proposes ``num_speculative_tokens`` draft tokens a step by prompt lookup of the last
+    ``prompt_lookup_max`` down to ``prompt_lookup_min`` tokens (vLLM's defaults: 5, and either one for the
+    other where only one is given)."""
+
+    method: str
+    num_speculative_tokens: int
+    prompt_lookup_min: Optional[int] = None
+    prompt_lookup_max: Optional[int] = None
+
+    @classmethod
+    def parse(cls, value: Any) -> "SpeculativeConfig":
+        """From the JSON text of ``--speculative-config``, a dict, or a SpeculativeConfig; ValueError naming
+        what is wrong."""
+        if isinstance(value, SpeculativeConfig):
+            return value.checked()
+        if isinstance(value, str):
+            import json
+
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"speculative_config is not valid JSON: {e}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"speculative_config must be a JSON object, got {type(value).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"speculative_config: unknown keys {unknown} (known: {sorted(known)})")
+        if "num_speculative_tokens" not in value:
+            raise ValueError("speculative_config needs num_speculative_tokens")
+        if "method" not in value:
+            raise ValueError(f"speculative_config needs a method, one of {SPEC_METHODS}")
+        return cls(**value).checked()
+
+    def checked(self) -> "SpeculativeConfig":
+        if self.method not in SPEC_METHODS:
+            raise ValueError(f"speculative_config method must be one of {SPEC_METHODS}, got {self.method!r}")
+        k = self.num_speculative_tokens
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 64:
+            raise ValueError(f"speculative_config num_speculative_tokens must be an integer in [1, 64], got {k!r}")
+        low, high = self.prompt_lookup_min, self.prompt_lookup_max
+        if low is None and high is None:
+            low = high = 5
+        low, high = (high if low is None else low), (low if high is None else high)
+        for name, v in (("prompt_lookup_min", low), ("prompt_lookup_max", high)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"speculative_config {name} must be an integer >= 1, got {v!r}")
+        if high < low:
+            raise ValueError(f"speculative_config prompt_lookup_max ({high}) is below prompt_lookup_min ({low})")
+        return dataclasses.replace(self, prompt_lookup_min=low, prompt_lookup_max=high)
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """Continuous batching limits."""
+    """Continuous batching limits, and speculative decoding's drafts."""
 
     max_num_seqs: int = option(256, "the most sequences in one step")
     max_num_batched_tokens: int = option(2048, "the most tokens in one step")
     enable_chunked_prefill: bool = option(True, "split long prompts over steps, beside the decodes")
     max_n: int = option(128, "the most samples (n) one request may ask for, at every way in")
+    speculative_config: Optional[SpeculativeConfig] = option(
+        None, 'speculative decoding, as vLLM\'s JSON: {"method": "ngram", "num_speculative_tokens": 4, '
+              '"prompt_lookup_max": 4, "prompt_lookup_min": 2}', parse=SpeculativeConfig.parse)
+
+    def __post_init__(self) -> None:
+        if self.speculative_config is not None:  # a dict or JSON text from Python, checked once here
+            object.__setattr__(self, "speculative_config", SpeculativeConfig.parse(self.speculative_config))
 
     def validate(self) -> None:
         if not 1 <= self.max_n <= MAX_N:

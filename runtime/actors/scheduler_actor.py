@@ -281,8 +281,11 @@ class SchedulerActor(Actor):
             return
         s = self.core.scheduler
         steps = self.core.step_tokens
+        spec = s.spec_stats
         await self.client.send(HealthPong(message.nonce, len(s.running), len(s.waiting), self.core.kv.pool.usage,
-                                          s.num_preemptions, list(steps.counts), steps.total),
+                                          s.num_preemptions, list(steps.counts), steps.total, spec.num_drafts,
+                                          spec.num_draft_tokens, spec.num_accepted_tokens,
+                                          list(spec.num_accepted_tokens_per_pos)),
                                to=envelope.origin)
 
     async def handle_step_result(self, message: StepResult, envelope: Envelope) -> None:

@@ -38,13 +38,15 @@ class NewRequest(msgspec.Struct, frozen=True):
 
 
 class ScheduledChunk(msgspec.Struct, frozen=True):
-    """Tokens of one request to run this step, starting at position ``start``."""
+    """Tokens of one request to run this step, starting at position ``start``; the last ``num_draft`` of
+    them are draft tokens (speculative decoding) for the sampler to verify."""
 
     request_id: str
     token_ids: list[int]
     start: int
     block_ids: list[int]
-    sample: bool  # this chunk reaches the request's last token: sample the next one
+    sample: bool  # this chunk reaches the request's last token: sample the next one (and verify the drafts)
+    num_draft: int = 0
 
 
 class SchedulerOutput(msgspec.Struct, frozen=True):
@@ -79,7 +81,10 @@ class PromptLogprobs(msgspec.Struct, frozen=True):
 
 
 class ModelRunnerOutput(msgspec.Struct, frozen=True):
+    """Each sampled request's new tokens: the drafts it kept, then one of the model's own (one token
+    without drafts); and their logprobs, for the requests that asked."""
+
     step: int
-    sampled: dict[str, int]
-    logprobs: dict[str, TokenLogprobs]
+    sampled: dict[str, list[int]]
+    logprobs: dict[str, list[TokenLogprobs]]
     prompt_logprobs: dict[str, PromptLogprobs] = {}

@@ -191,9 +191,16 @@ class EngineCore:
             found = self._by_seq.get(rid)
             if found is not None:  # (not aborted while the step ran)
                 self._fill_prompt_logprobs(found[0].output, prompt_logprobs)
-        for request, token in self.scheduler.update(result.step, result.sampled):
+        for request, tokens in self.scheduler.update(result.step, result.sampled):
             group, seq = self._by_seq[request.request_id]
-            self._append(seq, token, result.logprobs.get(request.request_id))
+            logprobs = result.logprobs.get(request.request_id)
+            for j, token in enumerate(tokens):  # kept drafts, then the model's token: up to a stop
+                request.output_token_ids.append(token)
+                self._append(seq, token, None if logprobs is None else logprobs[j])
+                if seq.output.finished():
+                    break
+            else:
+                self.kv.publish_full_blocks(request)  # the kept drafts' blocks, now that they are tokens
             changed.setdefault(group.output.request_id, (group, []))[1].append(seq)
         updates = []
         now = None

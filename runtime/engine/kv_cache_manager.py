@@ -63,6 +63,15 @@ class KVCacheManager:
             self.pool.cache(table[i], hashes[i])
         self._num_published[request.request_id] = max(start, full)
 
+    def trim(self, request: Request, num_tokens: int) -> None:
+        """Give back the blocks past the first ``num_tokens`` tokens (rejected draft tokens' slots); none of
+        them is published, since only computed tokens' full blocks are."""
+        table = self._tables.get(request.request_id)
+        keep = -(-num_tokens // self.block_size)
+        if table is not None and len(table) > keep:
+            self.pool.free(table[keep:])
+            del table[keep:]
+
     def free(self, request: Request) -> None:
         table = self._tables.pop(request.request_id, [])
         self.pool.free(table)

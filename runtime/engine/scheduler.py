@@ -2,7 +2,10 @@
 
 Each step the running requests go first (decodes and unfinished prefill chunks), then waiting requests
 while the token budget, ``max_num_seqs`` and free KV blocks allow. When blocks run out, the newest running
-request is preempted: its blocks are freed and it is recomputed later from its tokens.
+request is preempted: its blocks are freed and it is recomputed later from its tokens. With speculative
+decoding a decode carries draft tokens (``runtime.engine.spec_decode``) where the budget and free blocks
+allow them without preempting anyone; the slots of the drafts the sampler rejects are given back when
+the step is answered.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from actorserve.runtime.config import SchedulerConfig
 from actorserve.runtime.engine.batch import NewRequest, SamplingSpec, ScheduledChunk, SchedulerOutput
 from actorserve.runtime.engine.kv_cache_manager import KVCacheManager
 from actorserve.runtime.engine.request import Request, RequestStatus
+from actorserve.runtime.engine.spec_decode import SpecDecodeStats, make_proposer
 
 
 class Scheduler:
@@ -23,13 +27,15 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self._step = 0
-        # Batches sent but not yet answered (up to the pipeline depth), and the requests they hold.
-        self._in_flight: dict[int, list[tuple[Request, int]]] = {}
+        # Batches sent but not yet answered (up to the pipeline depth): each request, its tokens and its drafts
+        self._in_flight: dict[int, list[tuple[Request, int, list[int]]]] = {}
         self._finished_ids: list[str] = []
         self._known_to_worker: set[str] = set()
         self.num_preemptions = 0
         self.num_prompt_tokens = 0  # prompt tokens computed (a preempted prompt counts again)
         self.num_generation_tokens = 0
+        self.proposer = make_proposer(config.speculative_config)
+        self.spec_stats = SpecDecodeStats(config.speculative_config)
 
     # -- admission and removal ---------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -60,25 +66,43 @@ class Scheduler:
         parallelism keeps several batches in flight); with one stage there is never one."""
         self._step += 1
         budget = self.config.max_num_batched_tokens
-        scheduled: list[tuple[Request, int]] = []
+        scheduled: list[tuple[Request, int, list[int]]] = []
         stalled = False
-        busy = {r.request_id for batch in self._in_flight.values() for r, _ in batch}
+        busy = {r.request_id for batch in self._in_flight.values() for r, _, _ in batch}
         for request in list(self.running):
             if budget <= 0:
                 break
             if request.request_id in busy or request.status is not RequestStatus.RUNNING:
                 continue
             n = min(request.num_tokens - request.num_computed_tokens, budget)
-            if not self._make_room(request, n, busy):
+            drafts = self._drafts(request, budget) if n == request.num_tokens - request.num_computed_tokens == 1 \
+                else []
+            if drafts:
+                n += len(drafts)
+            elif not self._make_room(request, n, busy):
                 stalled = True  # out of blocks: it was preempted, or must wait for batches in flight
                 break
-            scheduled.append((request, n))
+            scheduled.append((request, n, drafts))
             budget -= n
         if not stalled:
             self._admit_waiting(scheduled, budget)
         if scheduled:
             self._in_flight[self._step] = scheduled
         return self._build_output(scheduled)
+
+    def _drafts(self, request: Request, budget: int) -> list[int]:
+        """Draft tokens to verify after a decode's token, their KV slots allocated with it; none where the
+        proposer has none, or they would pass max_tokens or the context, or take blocks that are not free
+        (drafts never preempt anyone)."""
+        if self.proposer is None:
+            return []
+        limit = min(budget - 1, request.max_total_tokens - request.num_tokens - 1)
+        if limit <= 0:
+            return []
+        drafts = self.proposer.propose(request.token_slice(0, request.num_tokens), limit)
+        if drafts and not self.kv.allocate(request, 1 + len(drafts)):
+            return []
+        return drafts
 
     def _make_room(self, request: Request, n: int, busy: set[str]) -> bool:
         """Allocate for n tokens, preempting the newest idle running requests until it fits."""
@@ -100,7 +124,7 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(request)
 
-    def _admit_waiting(self, scheduled: list[tuple[Request, int]], budget: int) -> None:
+    def _admit_waiting(self, scheduled: list[tuple[Request, int, list[int]]], budget: int) -> None:
         skipped: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
@@ -124,22 +148,22 @@ class Scheduler:
             request.num_computed_tokens = num_cached
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            scheduled.append((request, n))
+            scheduled.append((request, n, []))
             budget -= n
         self.waiting.extendleft(reversed(skipped))
 
-    def _build_output(self, scheduled: list[tuple[Request, int]]) -> SchedulerOutput:
+    def _build_output(self, scheduled: list[tuple[Request, int, list[int]]]) -> SchedulerOutput:
         new_requests = []
         chunks = []
-        for request, n in scheduled:
+        for request, n, drafts in scheduled:
             if request.request_id not in self._known_to_worker:
                 self._known_to_worker.add(request.request_id)
                 new_requests.append(NewRequest(request.request_id, request.prompt_token_ids, _spec(request)))
-            start = request.num_computed_tokens
-            tokens = request.token_slice(start, start + n)
+            start, real = request.num_computed_tokens, n - len(drafts)
+            tokens = request.token_slice(start, start + real) + drafts
             chunks.append(ScheduledChunk(
                 request.request_id, tokens, start, self.kv.block_ids(request.request_id),
-                sample=start + n == request.num_tokens,
+                sample=start + real == request.num_tokens, num_draft=len(drafts),
             ))
         finished = []
         if chunks:  # an empty batch is never sent: keep the news for the next one
@@ -150,23 +174,28 @@ class Scheduler:
     def num_in_flight(self) -> int:
         return len(self._in_flight)
 
-    def update(self, step: int, sampled: dict[str, int]) -> list[tuple[Request, int]]:
-        """Advance the requests of batch ``step``; returns (request, new token) for those that sampled."""
+    def update(self, step: int, sampled: dict[str, list[int]]) -> list[tuple[Request, list[int]]]:
+        """Advance the requests of batch ``step``; returns (request, new tokens) for those that sampled: the
+        drafts it kept, then the model's own token. The caller appends them to the request's output, one
+        at a time, up to a stop; the slots of rejected drafts are given back here."""
         produced = []
-        for request, n in self._in_flight.pop(step, []):
+        for request, n, drafts in self._in_flight.pop(step, []):
             if request.status is not RequestStatus.RUNNING:
                 continue  # aborted while the step ran
-            start = request.num_computed_tokens
-            request.num_computed_tokens += n
-            self.num_prompt_tokens += max(0, min(start + n, len(request.prompt_token_ids)) - start)
+            start, real = request.num_computed_tokens, n - len(drafts)
+            done = start + real == request.num_tokens
+            tokens = sampled[request.request_id] if done else []
+            kept = len(tokens) - 1 if drafts else 0
+            request.num_computed_tokens += real + kept
+            if drafts:
+                self.spec_stats.observe(len(drafts), kept)
+                self.kv.trim(request, request.num_computed_tokens + 1)  # the kept ones and the next token
+            self.num_prompt_tokens += max(0, min(start + real, len(request.prompt_token_ids)) - start)
             self.kv.publish_full_blocks(request)
-            if request.num_computed_tokens == request.num_tokens:
-                self.num_generation_tokens += 1
-                token = sampled[request.request_id]
-                request.output_token_ids.append(token)
-                produced.append((request, token))
+            if done:
+                self.num_generation_tokens += len(tokens)
+                produced.append((request, tokens))
         return produced
-
 
 def _blocked_on_sibling(request: Request) -> bool:
     leader: Optional[Request] = request.wait_for

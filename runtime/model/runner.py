@@ -17,6 +17,7 @@ from actorserve.runtime.engine.batch import ModelRunnerOutput, PromptLogprobs, S
 from actorserve.runtime.model.arch_config import ArchConfig
 from actorserve.runtime.model.decode_fast_path import DecodeFastPath
 from actorserve.runtime.model.decoder import CausalLM
+from actorserve.runtime.model.rejection_sampler import verify
 from actorserve.runtime.model.sampler import Sampler, SamplingRow, rank_logprobs
 
 # Prompt logprobs turn this many rows at a time into logits: a long prompt's [rows, vocab] would not fit
@@ -46,9 +47,11 @@ class ModelInputs:
     input_ids: torch.Tensor
     positions: torch.Tensor
     meta: Any  # the attention backend's plan of the step (``backend.prepare``)
-    logits_indices: torch.Tensor  # rows of the hidden states to turn into logits, one per sampled request
+    # rows of the hidden states to turn into logits: one per sampled request, 1 + its drafts where it has any
+    logits_indices: torch.Tensor
     sample_ids: list[str]  # request ids in the order of logits_indices
     chunk_rows: list[tuple[ScheduledChunk, int]]  # each chunk and the row of its first token
+    drafts: Optional[list[list[int]]] = None  # each sampled request's draft tokens, where any has some
 
 
 class ModelRunner:
@@ -89,13 +92,17 @@ class ModelRunner:
         prompt_logprobs = self._prompt_logprobs(hidden, inputs)
         logits = self._logits(hidden, inputs.logits_indices)
         rows = [self._rows[rid] for rid in inputs.sample_ids]
-        tokens, logprobs = self.sampler(logits, rows)
-        for row, token in zip(rows, tokens):
-            row.output_ids.append(token)
+        if inputs.drafts is not None:
+            tokens, logprobs = verify(self.sampler, logits, rows, inputs.drafts)
+        else:
+            one, one_logprobs = self.sampler(logits, rows)
+            tokens, logprobs = [[t] for t in one], [[lp] for lp in one_logprobs]
+        for row, new in zip(rows, tokens):
+            row.output_ids.extend(new)
         return ModelRunnerOutput(
             step=batch.step,
             sampled=dict(zip(inputs.sample_ids, tokens)),
-            logprobs={rid: lp for rid, lp in zip(inputs.sample_ids, logprobs) if lp is not None},
+            logprobs={rid: lp for rid, lp in zip(inputs.sample_ids, logprobs) if lp and lp[0] is not None},
             prompt_logprobs=prompt_logprobs,
         )
 
@@ -157,6 +164,7 @@ class ModelRunner:
         prefills = [c for c in batch.chunks if len(c.token_ids) > 1]
         ordered = decodes + prefills
         ids, positions, slots, logits_indices, sample_ids, chunk_rows = [], [], [], [], [], []
+        drafts: list[list[int]] = []
         bs = self.block_size
         for chunk in ordered:
             chunk_rows.append((chunk, len(ids)))
@@ -164,9 +172,10 @@ class ModelRunner:
             ids.extend(chunk.token_ids)
             positions.extend(span)
             slots.extend(chunk.block_ids[p // bs] * bs + p % bs for p in span)
-            if chunk.sample:
-                logits_indices.append(len(ids) - 1)
+            if chunk.sample:  # the last real token's row, and each draft's
+                logits_indices.extend(range(len(ids) - 1 - chunk.num_draft, len(ids)))
                 sample_ids.append(chunk.request_id)
+                drafts.append(chunk.token_ids[len(chunk.token_ids) - chunk.num_draft:])
         as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=self.device)  # noqa: E731
         meta = AttentionMetadata(
             slot_mapping=as_long(slots),
@@ -174,7 +183,7 @@ class ModelRunner:
             prefill=self._group(prefills, len(decodes)),
         )
         return ModelInputs(as_long(ids), as_long(positions), self.backend.prepare(meta), as_long(logits_indices),
-                           sample_ids, chunk_rows)
+                           sample_ids, chunk_rows, drafts if any(drafts) else None)
 
     def _group(self, chunks: list[ScheduledChunk], token_start: int) -> Optional[SequenceGroup]:
         if not chunks:

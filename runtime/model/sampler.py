@@ -37,10 +37,7 @@ class Sampler:
         the same); anything else works on an fp32 copy."""
         if all(_plain_greedy(r) for r in rows):
             return argmax(logits).tolist(), [None] * len(rows)
-        logits = logits.float()
-        logprobs = _top_logprobs(logits, rows)
-        logits = _apply_bias_and_min_tokens(logits, rows)
-        logits = _apply_penalties(logits, rows)
+        logits, logprobs = _processed(logits, rows)
         greedy = [r.spec.temperature < 1e-5 for r in rows]
         if all(greedy):
             tokens = logits.argmax(dim=-1)
@@ -49,13 +46,37 @@ class Sampler:
         token_list = tokens.tolist()
         return token_list, _finish_logprobs(logprobs, token_list)
 
+    def distributions(self, logits: torch.Tensor, rows: list[SamplingRow]):
+        """What a row's token is drawn from, for the rejection sampler: (probabilities [B, V] after
+        temperature, min_p, top-k and top-p, or None where every row is greedy; each row's argmax after
+        bias, bans and penalties; the state ``logprobs_of`` reads)."""
+        if all(_plain_greedy(r) for r in rows):
+            return None, argmax(logits), None
+        logits, logprobs = _processed(logits, rows)
+        greedy = [r.spec.temperature < 1e-5 for r in rows]
+        probs = None if all(greedy) else _probabilities(logits, rows, greedy)
+        return probs, logits.argmax(dim=-1), logprobs
+
+    def uniform(self, generator: Optional[torch.Generator]) -> float:
+        """One draw from U[0, 1), from a seeded request's own stream or else the shared one."""
+        return float(torch.rand(1, generator=generator or self._generator))
+
+    def draw(self, probs: torch.Tensor, generator: Optional[torch.Generator]) -> int:
+        """A token from the (unnormalised) probabilities of one row, by the exponential race."""
+        noise = torch.empty_like(probs).exponential_(generator=generator or self._generator)
+        return int((probs / noise).argmax())
+
+    @staticmethod
+    def logprobs_of(state, rows: list[int], tokens: list[int]) -> list[Optional[TokenLogprobs]]:
+        """The logprobs of ``tokens[i]`` at row ``rows[i]`` of a ``distributions`` call."""
+        if state is None:
+            return [None] * len(tokens)
+        logprobs, wanted = state
+        return _finish_logprobs((logprobs[rows], [wanted[r] for r in rows]), tokens)
+
     def _sample(self, logits: torch.Tensor, rows: list[SamplingRow], greedy: list[bool]) -> torch.Tensor:
         argmax = logits.argmax(dim=-1)
-        temps = torch.tensor([1.0 if g else r.spec.temperature for r, g in zip(rows, greedy)], dtype=torch.float32)
-        logits = logits / temps[:, None]
-        logits = _apply_min_p(logits, rows)
-        logits = apply_top_k_top_p(logits, rows)
-        probs = logits.softmax(dim=-1)
+        probs = _probabilities(logits, rows, greedy)
         noise = torch.empty_like(probs)
         shared = [i for i, row in enumerate(rows) if row.generator is None]
         if shared:
@@ -65,6 +86,23 @@ class Sampler:
                 noise[i].exponential_(generator=row.generator)
         sampled = (probs / noise).argmax(dim=-1)
         return torch.where(torch.tensor(greedy), argmax, sampled)
+
+
+def _processed(logits: torch.Tensor, rows: list[SamplingRow]):
+    """fp32 logits after logit_bias, the bans and the penalties, and the raw logprobs' state."""
+    logits = logits.float()
+    logprobs = _top_logprobs(logits, rows)
+    logits = _apply_bias_and_min_tokens(logits, rows)
+    return _apply_penalties(logits, rows), logprobs
+
+
+def _probabilities(logits: torch.Tensor, rows: list[SamplingRow], greedy: list[bool]) -> torch.Tensor:
+    """Processed logits to the probabilities a sampled row draws from (greedy rows at temperature 1)."""
+    temps = torch.tensor([1.0 if g else r.spec.temperature for r, g in zip(rows, greedy)], dtype=torch.float32)
+    logits = logits / temps[:, None]
+    logits = _apply_min_p(logits, rows)
+    logits = apply_top_k_top_p(logits, rows)
+    return logits.softmax(dim=-1)
 
 
 def _plain_greedy(row: SamplingRow) -> bool:

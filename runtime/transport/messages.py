@@ -2,7 +2,8 @@
 
 Runs in every process. The frontend sends AddRequest / AbortRequest to the scheduler and receives
 RequestOutputDelta; the scheduler sends ExecuteBatch to the first worker and receives StepResult from the
-last (which announces itself with WorkerReady once loaded). Control-plane pings (HealthPing / HealthPong) and typed errors (ErrorReply) travel the same way.
+last (which announces itself with WorkerReady once loaded). Control-plane pings (HealthPing /
+HealthPong) and typed errors (ErrorReply) travel the same way.
 Structs are frozen and decoded by type; nothing is pickled. A new message means a Struct here, a member of
 ``Message``, a ``handle_*`` on the receiving actor and a round-trip test.
 """
@@ -119,6 +120,12 @@ class HealthPong(msgspec.Struct, tag="health_pong", frozen=True):
     # tokens per engine step: counts per bucket (stats.ITERATION_TOKEN_BUCKETS, then above them), and the sum
     step_token_counts: list[int] = []
     step_token_sum: int = 0
+    # speculative decoding (runtime.engine.spec_decode.SpecDecodeStats): steps with drafts, drafts, kept ones,
+    # and kept ones by position (a list of num_speculative_tokens: empty where speculation is off)
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: list[int] = []
 
 
 class ExecuteBatch(msgspec.Struct, tag="execute_batch", frozen=True):

@@ -90,6 +90,21 @@ def test_vllm_spellings_become_one_config():
     assert engine_kwargs(serve_args()) == {}  # a flag not given leaves the config's default
 
 
+def test_speculative_config_is_vllms_json(capsys):
+    a = serve_args("--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4, '
+                                           '"prompt_lookup_max": 4, "prompt_lookup_min": 2}')
+    config = EngineConfig.from_engine_args(None, **engine_kwargs(a))
+    spec = config.scheduler.speculative_config
+    assert (spec.method, spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max) == \
+        ("ngram", 4, 2, 4)
+    for bad in ('{"method": "ngram"', '{"method": "medusa", "num_speculative_tokens": 2}'):
+        with pytest.raises(SystemExit):
+            serve_args("--speculative-config", bad)
+        assert "speculative_config" in capsys.readouterr().err  # the reason, not a traceback
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        EngineConfig.from_engine_args(None, speculative_config={"method": "ngram"})
+
+
 def test_a_yaml_config_gives_flags_and_the_command_line_wins(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text("max_model_len: 2k\nenable_prefix_caching: false\nserved_model_name: [x, y]\nport: 9000\n")

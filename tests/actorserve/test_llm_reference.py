@@ -117,3 +117,42 @@ def test_other_block_sizes_keep_the_reference(greedy_reference):
     prompts = [{"prompt_token_ids": p["prompt_ids"]} for p in greedy_reference["prompts"]]
     for out, ref in zip(llm.generate(prompts, GREEDY, use_tqdm=False), greedy_reference["prompts"]):
         assert out.outputs[0].token_ids == ref["output_ids"], ref["user_prompt"]
+
+
+SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
+
+
+def test_speculative_decoding_keeps_the_reference(greedy_reference):
+    """Greedy with ngram drafts gives the reference tokens exactly, in one batch and alone, and the drafts
+    were verified, not skipped."""
+    from actorserve import LLM
+
+    llm = LLM(speculative_config=SPEC, kv_cache_memory=128 << 20, max_model_len=2048)
+    refs = greedy_reference["prompts"]
+    outs = llm.generate([{"prompt_token_ids": r["prompt_ids"]} for r in refs], GREEDY, use_tqdm=False)
+    for out, ref in zip(outs, refs):
+        assert out.outputs[0].token_ids == ref["output_ids"], ref["user_prompt"]
+    for ref in refs:
+        out = llm.generate({"prompt_token_ids": ref["prompt_ids"]}, GREEDY, use_tqdm=False)[0]
+        assert out.outputs[0].token_ids == ref["output_ids"], ref["user_prompt"]
+    stats = llm.engine.scheduler.spec_stats
+    assert stats.num_accepted_tokens > 0 and stats.num_draft_tokens > stats.num_accepted_tokens
+
+
+def test_a_seeded_request_with_drafts_does_not_depend_on_the_batch():
+    """Sampled, seeded, with drafts: the same answer alone and beside other requests (their drafts and
+    draws take nothing from its stream); its logprobs come with every token, kept drafts included."""
+    from actorserve import LLM
+
+    llm = LLM(speculative_config=SPEC, kv_cache_memory=128 << 20, max_model_len=2048)
+    prompt = {"prompt_token_ids": [1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 1, 2, 3]}
+    params = SamplingParams(temperature=0.7, seed=11, max_tokens=40, logprobs=1, ignore_eos=True)
+    alone = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0]
+    others = [{"prompt_token_ids": [9, 8, 7, 9, 8, 7, 9, 8]}, {"prompt_token_ids": list(range(30, 60))}]
+    batch = llm.generate([others[0], prompt, others[1]],
+                         [SamplingParams(temperature=1.0, max_tokens=40), params, SamplingParams(temperature=0,
+                                                                                                  max_tokens=40)],
+                         use_tqdm=False)
+    assert batch[1].outputs[0].token_ids == alone.token_ids
+    assert len(alone.logprobs) == len(alone.token_ids) == 40
+    assert llm.engine.scheduler.spec_stats.num_accepted_tokens > 0

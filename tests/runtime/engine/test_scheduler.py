@@ -6,18 +6,24 @@ import pytest
 from actorserve.runtime.config import CacheConfig, EngineConfig, SchedulerConfig
 from actorserve.runtime.engine.core import EngineCore, ModelFacts
 from actorserve.runtime.engine.sampling_params import SamplingParams
-from tests.runtime.engine.fake_executor import FakeExecutor, next_token
+from tests.runtime.engine.fake_executor import FakeExecutor, OracleProposer, next_token
 
 VOCAB = 1000
 BS = 16
 
 
-def make_engine(num_blocks=256, max_num_seqs=64, budget=256, max_model_len=1024, chunked=True):
+def make_engine(num_blocks=256, max_num_seqs=64, budget=256, max_model_len=1024, chunked=True, spec_k=None,
+                seed=0):
+    """``spec_k``: speculative decoding on, with drafts of up to spec_k tokens from ``OracleProposer``."""
+    spec = None if spec_k is None else {"method": "ngram", "num_speculative_tokens": spec_k}
     config = EngineConfig(cache=CacheConfig(block_size=BS),
-                          scheduler=SchedulerConfig(max_num_seqs, budget, chunked))
+                          scheduler=SchedulerConfig(max_num_seqs, budget, chunked, speculative_config=spec))
     facts = ModelFacts(vocab_size=VOCAB, eos_token_id=None, max_model_len=max_model_len, num_kv_blocks=num_blocks)
     executor = FakeExecutor(BS, VOCAB)
-    return EngineCore(config, executor, facts), executor
+    engine = EngineCore(config, executor, facts)
+    if spec_k is not None:
+        engine.scheduler.proposer = OracleProposer(spec_k, random.Random(seed), VOCAB)
+    return engine, executor
 
 
 def run(engine):
@@ -57,7 +63,8 @@ def test_max_num_seqs_bounds_the_batch():
     assert max(seen) == 3
 
 
-def test_stress_with_preemption_and_shared_prefixes():
+@pytest.mark.parametrize("spec_k", [None, 4])  # and with speculative decoding's drafts
+def test_stress_with_preemption_and_shared_prefixes(spec_k):
     rng = random.Random(0)
     shared = [rng.randrange(VOCAB) for _ in range(64)]
     prompts, params = [], []
@@ -67,7 +74,7 @@ def test_stress_with_preemption_and_shared_prefixes():
             [rng.randrange(VOCAB) for _ in range(n)]
         prompts.append(prompt)
         params.append(SamplingParams(max_tokens=rng.randint(1, 64), ignore_eos=True))
-    engine, _ = make_engine(num_blocks=64, max_model_len=512)
+    engine, _ = make_engine(num_blocks=64, max_model_len=512, spec_k=spec_k)
     for i, (p, sp) in enumerate(zip(prompts, params)):
         engine.add_request(str(i), p, sp)
     outs = run(engine)
@@ -77,6 +84,9 @@ def test_stress_with_preemption_and_shared_prefixes():
     assert engine.scheduler.num_preemptions > 0
     assert engine.prefix_cache_hit_tokens > 0
     assert engine.num_free_blocks == 64
+    if spec_k is not None:
+        stats = engine.scheduler.spec_stats
+        assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
 
 
 def test_abort_frees_blocks_and_others_continue():

@@ -35,7 +35,7 @@ class RecordingExecutor:
         for rid, tok in zip(inputs.sample_ids, tokens):
             self.runner._rows[rid].output_ids.append(tok)
         from actorserve.runtime.engine.batch import ModelRunnerOutput
-        return ModelRunnerOutput(batch.step, dict(zip(inputs.sample_ids, tokens)), {})
+        return ModelRunnerOutput(batch.step, {rid: [t] for rid, t in zip(inputs.sample_ids, tokens)}, {})
 
 
 @pytest.mark.parametrize("budget", [4096, 24], ids=["whole-prefill", "chunked-prefill"])

@@ -1,0 +1,79 @@
+"""Verifying draft tokens: exact in distribution, as the speculative-sampling theorem gives it.
+
+A request that carries k draft tokens d_1 .. d_k has k + 1 rows of target logits: row j predicts the
+token after d_j (row 0 the one after the last real token). Each row is processed as the sampler
+processes a row (bias, bans, penalties, temperature, min_p, top-k, top-p) with the history that row
+would have had: the output so far and the drafts before it. Then, in order:
+
+- greedy: d_j is kept while it is row j - 1's argmax; the first row whose argmax differs gives that
+  argmax instead, and if every draft is kept the last row gives one more token (the bonus);
+- sampled: the draft's distribution q is one-hot where the drafts are proposed without sampling (ngram),
+  so d_j is kept with probability min(1, p(d_j) / q(d_j)) = p(d_j), and a rejected draft is replaced by a
+  draw from the residual max(0, p - q) normalised: p without d_j. The tokens that come out are
+  distributed as the target's own samples would be.
+
+The acceptance draws and the residual's noise come from the request's target stream: its own generator
+where it is seeded (so its output does not depend on the batch), else the sampler's.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from actorserve.runtime.engine.batch import TokenLogprobs
+from actorserve.runtime.model.sampler import Sampler, SamplingRow
+
+
+def verify(sampler: Sampler, logits: torch.Tensor, rows: list[SamplingRow],
+           drafts: list[list[int]]) -> tuple[list[list[int]], list[list[Optional[TokenLogprobs]]]]:
+    """``logits`` holds, request by request, the ``len(drafts[i]) + 1`` rows of request i. Returns each
+    request's tokens (the drafts it kept, then one of the target's) and their logprobs (None where the
+    request asked for none)."""
+    expanded: list[SamplingRow] = []
+    for row, draft in zip(rows, drafts):
+        for j in range(len(draft) + 1):  # row j has seen the drafts before it
+            expanded.append(SamplingRow(row.spec, row.generator, row.prompt_ids, row.output_ids + draft[:j]))
+    probs, argmax, state = sampler.distributions(logits, expanded)
+    tokens: list[list[int]] = []
+    at = 0
+    for row, draft in zip(rows, drafts):
+        greedy = row.spec.temperature < 1e-5
+        out: list[int] = []
+        for j in range(len(draft) + 1):
+            r = at + j
+            if greedy:
+                best = int(argmax[r])
+                out.append(best)
+                if j == len(draft) or best != draft[j]:
+                    break
+                continue
+            if j < len(draft):
+                d = draft[j]
+                if sampler.uniform(row.generator) < float(probs[r, d]):
+                    out.append(d)
+                    continue
+                residual = probs[r].clone()
+                residual[d] = 0.0
+                if float(residual.sum()) > 0.0:  # (else p(d) was 1 and the draft was kept above)
+                    out.append(sampler.draw(residual, row.generator))
+                    break
+                out.append(d)
+                continue
+            out.append(sampler.draw(probs[r], row.generator))
+        tokens.append(out)
+        at += len(draft) + 1
+    # logprobs of the tokens that came out, each from its own row
+    flat_tokens, flat_rows, owner = [], [], []
+    at = 0
+    for i, (out, draft) in enumerate(zip(tokens, drafts)):
+        for j, token in enumerate(out):
+            flat_tokens.append(token)
+            flat_rows.append(at + j)
+            owner.append(i)
+        at += len(draft) + 1
+    logprobs = sampler.logprobs_of(state, flat_rows, flat_tokens)
+    per_request: list[list[Optional[TokenLogprobs]]] = [[] for _ in rows]
+    for i, lp in zip(owner, logprobs):
+        per_request[i].append(lp)
+    return tokens, per_request
