@@ -42,6 +42,11 @@ def _zeroed_caches(shape: tuple[int, ...], dtype: torch.dtype, device: torch.dev
     return [(pool[2 * i], pool[2 * i + 1]) for i in range(layers)]
 
 
+def _drafted_decode(chunk: ScheduledChunk) -> bool:
+    """A decode step's token and its draft tokens (speculative decoding), nothing of a prompt."""
+    return chunk.num_draft > 0 and len(chunk.token_ids) == chunk.num_draft + 1 and chunk.sample
+
+
 @dataclass
 class ModelInputs:
     input_ids: torch.Tensor
@@ -160,8 +165,8 @@ class ModelRunner:
         return self._logits(self.run_layers(inputs, hidden_in), inputs.logits_indices)
 
     def prepare_inputs(self, batch: SchedulerOutput) -> ModelInputs:
-        decodes = [c for c in batch.chunks if len(c.token_ids) == 1]
-        prefills = [c for c in batch.chunks if len(c.token_ids) > 1]
+        decodes = [c for c in batch.chunks if len(c.token_ids) == 1 or _drafted_decode(c)]
+        prefills = [c for c in batch.chunks if len(c.token_ids) > 1 and not _drafted_decode(c)]
         ordered = decodes + prefills
         ids, positions, slots, logits_indices, sample_ids, chunk_rows = [], [], [], [], [], []
         drafts: list[list[int]] = []
@@ -177,15 +182,20 @@ class ModelRunner:
                 sample_ids.append(chunk.request_id)
                 drafts.append(chunk.token_ids[len(chunk.token_ids) - chunk.num_draft:])
         as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=self.device)  # noqa: E731
+        # a decode with drafts is attended as one decode row a token, each seeing the cache up to itself
+        # (the step writes every row's K and V before any row attends): decode steps stay decode-only
+        rows = [ScheduledChunk(c.request_id, [t], c.start + j, c.block_ids, c.sample)
+                for c in decodes for j, t in enumerate(c.token_ids)]
         meta = AttentionMetadata(
             slot_mapping=as_long(slots),
-            decode=self._group(decodes, 0),
-            prefill=self._group(prefills, len(decodes)),
+            decode=self._group(rows, 0),
+            prefill=self._group(prefills, len(rows)),
         )
         return ModelInputs(as_long(ids), as_long(positions), self.backend.prepare(meta), as_long(logits_indices),
                            sample_ids, chunk_rows, drafts if any(drafts) else None)
 
     def _group(self, chunks: list[ScheduledChunk], token_start: int) -> Optional[SequenceGroup]:
+        """The attention plan of consecutive chunks of the step."""
         if not chunks:
             return None
         max_blocks = max(len(c.block_ids) for c in chunks)
