@@ -1,7 +1,7 @@
 """actorserve: an actor-model LLM inference and serving runtime.
 
 The public face: ``LLM`` (offline), ``AsyncEngine`` (embedded async), ``ZmqClient`` (the wire protocol's
-reference client), ``SamplingParams``, the output types and the errors.
+reference client), ``SamplingParams`` (and its ``StructuredOutputsParams``), the output types and the errors.
 
 ``actorserve`` is the only import root. The design card keeps the implementation in folders at the top of
 the repository (``runtime/``, ``kernels/``, ``frontend/``); installs map them to ``actorserve.runtime``,
@@ -24,6 +24,7 @@ if SOURCE_ROOT is not None:
 _PUBLIC = {
     "LLM": "actorserve.llm", "AsyncEngine": "actorserve.runtime.async_engine",
     "ZmqClient": "actorserve.runtime.client", "SamplingParams": "actorserve.runtime.engine.sampling_params",
+    "StructuredOutputsParams": "actorserve.runtime.engine.sampling_params",
     "RequestOutput": "actorserve.runtime.engine.outputs", "CompletionOutput": "actorserve.runtime.engine.outputs",
     "Logprob": "actorserve.runtime.engine.outputs", "ActorServeError": "actorserve.runtime.errors",
     "EngineDeadError": "actorserve.runtime.errors", "EngineStartError": "actorserve.runtime.errors",

@@ -72,14 +72,15 @@ class ResponseFormat(_Schema):
 # the values that leave the output as it is (structured outputs and tool calling: issue 18)
 UNSUPPORTED: dict[str, tuple] = {
     "best_of": (None, 1), "use_beam_search": (None, False), "length_penalty": (None, 1.0),
-    "spaces_between_special_tokens": (None, True), "structured_outputs": (None,), "guided_json": (None,),
-    "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
+    "spaces_between_special_tokens": (None, True),
     "guided_decoding_backend": (None,), "guided_whitespace_pattern": (None,), "logits_processors": (None, []),
     "return_tokens_as_token_ids": (None, False), "return_token_ids": (None, False), "prompt_embeds": (None,),
     "priority": (None, 0), "vllm_xargs": (None, {}), "functions": (None, []), "function_call": (None, "none"),
     "audio": (None,), "modalities": (None, ["text"]), "prediction": (None,), "web_search_options": (None,),
-    "mm_processor_kwargs": (None, {}), "response_format": (None, {"type": "text"}), "suffix": (None, ""),
+    "mm_processor_kwargs": (None, {}), "suffix": (None, ""),
 }
+# vLLM's older spellings of structured_outputs' keys, taken as they are
+GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 # Known fields that change nothing this server returns: accepted without a warning
 ACCEPTED_UNUSED = frozenset({"metadata", "store", "service_tier", "request_id", "cache_salt", "kv_transfer_params",
                              "parallel_tool_calls", "top_logprobs", "max_completion_tokens", "reasoning_effort"})
@@ -113,6 +114,8 @@ class _SamplingFields(_Schema):
     allowed_token_ids: Optional[TokenIds] = None
     bad_words: Optional[list[Text]] = None
     truncate_prompt_tokens: Optional[StrictInt] = None
+    response_format: Optional[ResponseFormat] = None
+    structured_outputs: Optional[dict[str, Any]] = None
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self):
@@ -130,7 +133,30 @@ class _SamplingFields(_Schema):
 
     def unknown_fields(self) -> list[str]:
         return sorted(name for name in (self.model_extra or {}) if name not in UNSUPPORTED
-                      and name not in ACCEPTED_UNUSED)
+                      and name not in ACCEPTED_UNUSED and name not in GUIDED)
+
+    def structured(self) -> Optional[dict[str, Any]]:
+        """What constrains the output, as StructuredOutputsParams' fields: ``structured_outputs``, or
+        ``response_format`` (json_object; json_schema's ``schema``), or vLLM's older ``guided_*`` fields.
+        ValueError where they ask for two things or a shape is wrong."""
+        asked = []
+        if self.structured_outputs is not None:
+            asked.append(dict(self.structured_outputs))
+        fmt = self.response_format
+        if fmt is not None and fmt.type == "json_object":
+            asked.append({"json_object": True})
+        elif fmt is not None and fmt.type == "json_schema":
+            schema = (fmt.json_schema or {}).get("schema")
+            if not isinstance(schema, dict):
+                raise ValueError("response_format json_schema must hold a \"schema\" object")
+            asked.append({"json": schema})
+        guided = {key: (self.model_extra or {})[name] for name, key in GUIDED.items()
+                  if (self.model_extra or {}).get(name) is not None}
+        if guided:
+            asked.append(guided)
+        if len(asked) > 1:
+            raise ValueError("structured_outputs: give one of structured_outputs, response_format and guided_*")
+        return asked[0] if asked else None
 
     def sampling_params(self, max_tokens: Optional[int], logprobs: Optional[int],
                         prompt_logprobs: Optional[int] = None, defaults: Optional[dict] = None) -> SamplingParams:
@@ -147,7 +173,7 @@ class _SamplingFields(_Schema):
             max_tokens=max_tokens, logprobs=logprobs, skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output, prompt_logprobs=prompt_logprobs,
             allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
-            truncate_prompt_tokens=self.truncate_prompt_tokens, **given,
+            truncate_prompt_tokens=self.truncate_prompt_tokens, structured_outputs=self.structured(), **given,
         )
 
 
@@ -208,7 +234,6 @@ class ChatCompletionRequest(_SamplingFields):
     reasoning_effort: Optional[Literal["low", "medium", "high"]] = None  # handed to the template, as vLLM
     tools: Optional[list[Tool]] = Field(None, max_length=MAX_TOOLS)
     tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = None
-    response_format: Optional[ResponseFormat] = None
 
 
 class TokenizeRequest(_Schema):

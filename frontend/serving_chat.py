@@ -40,9 +40,6 @@ class ChatServing:
         self.ctx.check_model(request.model)
         if request.top_logprobs is not None and not request.logprobs:
             raise APIError(400, "top_logprobs needs logprobs to be true", "top_logprobs")
-        if request.response_format is not None and request.response_format.type != "text":
-            raise APIError(400, f"response_format {request.response_format.type!r} is not supported by this server "
-                                "(structured outputs)", "response_format")
         if request.tool_choice not in (None, "none"):
             raise APIError(400, "tool_choice other than \"none\" needs tool calling, which this server does not "
                                 "support", "tool_choice")

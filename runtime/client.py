@@ -216,7 +216,10 @@ class ZmqClient:
 
 
 def to_wire(params: SamplingParams) -> WireSamplingParams:
-    return WireSamplingParams(**{f: getattr(params, f) for f in WireSamplingParams.__struct_fields__})
+    fields = {f: getattr(params, f) for f in WireSamplingParams.__struct_fields__}
+    if params.structured_outputs is not None:
+        fields["structured_outputs"] = params.structured_outputs.to_dict()
+    return WireSamplingParams(**fields)
 
 
 def _split_prompt(prompt: PromptInput) -> tuple[Optional[str], Optional[list[int]]]:

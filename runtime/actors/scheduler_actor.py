@@ -192,6 +192,9 @@ class SchedulerActor(Actor):
         self._remember_peer(envelope)
 
     def _admit(self, rid: str, message: AddRequest, params: SamplingParams, ids: list[int], origin) -> None:
+        if self.core.structured.on_compiled is None:  # a compiled grammar's request may be admitted: wake up
+            loop = asyncio.get_running_loop()
+            self.core.structured.on_compiled = lambda: loop.call_soon_threadsafe(self._work.set)
         self.core.add_request(rid, ids, params, prompt=message.prompt)
         self._clients[rid] = (origin, message.request_id)
         self._work.set()

@@ -47,6 +47,8 @@ class ScheduledChunk(msgspec.Struct, frozen=True):
     block_ids: list[int]
     sample: bool  # this chunk reaches the request's last token: sample the next one (and verify the drafts)
     num_draft: int = 0
+    # structured outputs: the tokens its grammar allows next (int32 words; bit j of word i is token 32 i + j)
+    grammar_bitmask: Optional[bytes] = None
 
 
 class SchedulerOutput(msgspec.Struct, frozen=True):

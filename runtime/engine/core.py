@@ -22,6 +22,7 @@ from actorserve.runtime.engine.request import Request, RequestStatus
 from actorserve.runtime.engine.sampling_params import RequestLimits, SamplingParams, truncate_prompt, verify_request
 from actorserve.runtime.engine.scheduler import Scheduler
 from actorserve.runtime.engine.stats import StepTokens
+from actorserve.runtime.engine.structured_outputs import StructuredOutputManager
 from actorserve.runtime.model.tokenizer import bad_words_token_ids
 
 
@@ -86,7 +87,8 @@ class EngineCore:
         self.tokenizer = tokenizer
         self.limits = RequestLimits(facts.vocab_size, facts.max_model_len, config.scheduler.max_n)
         self.kv = KVCacheManager(facts.num_kv_blocks, block_size, config.cache.enable_prefix_caching)
-        self.scheduler = Scheduler(config.scheduler, self.kv)
+        self.scheduler = Scheduler(config.scheduler, self.kv, facts.vocab_size)
+        self.structured = StructuredOutputManager(tokenizer, facts.vocab_size, facts.eos_token_id)
         self._groups: dict[str, _Group] = {}
         self._by_seq: dict[str, tuple[_Group, _Sequence]] = {}
         self._arrivals = itertools.count()
@@ -103,6 +105,8 @@ class EngineCore:
             prompt_token_ids = truncated
             prompt = self.tokenizer.decode(truncated) if prompt is not None and self.tokenizer is not None else None
         verify_request(prompt_token_ids, params, self.limits, self.tokenizer is not None)
+        if params.structured_outputs is not None:
+            self.structured.validate(params.structured_outputs)
         bad_words = None
         if params.bad_words:
             bad_words = bad_words_token_ids(self.tokenizer, params.bad_words, self.facts.vocab_size)
@@ -117,6 +121,8 @@ class EngineCore:
                                      prompt_token_ids, child, index)
             seq.request.wait_for = leader
             seq.request.bad_words_token_ids = bad_words
+            if params.structured_outputs is not None:  # compiled once: the cache serves the other samples
+                seq.request.grammar = self.structured.start(params.structured_outputs)
             leader = leader or seq.request
             group.sequences.append(seq)
             output.outputs.append(seq.output)
@@ -196,6 +202,8 @@ class EngineCore:
             logprobs = result.logprobs.get(request.request_id)
             for j, token in enumerate(tokens):  # kept drafts, then the model's token: up to a stop
                 request.output_token_ids.append(token)
+                if request.grammar is not None:
+                    request.grammar.accept(token)
                 self._append(seq, token, None if logprobs is None else logprobs[j])
                 if seq.output.finished():
                     break

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from actorserve.runtime.engine.sampling_params import SamplingParams
 
@@ -38,6 +38,7 @@ class Request:
     # Prefill of this request waits until this sibling (an n>1 request's first sample) has its prompt cached.
     wait_for: Optional["Request"] = None
     bad_words_token_ids: Optional[list[list[int]]] = None  # params.bad_words, tokenized by the engine
+    grammar: Optional[Any] = None  # its structured outputs' state (runtime.engine.structured_outputs.GrammarState)
 
     def token_slice(self, start: int, end: int) -> list[int]:
         """Tokens [start, end) of prompt + output, without building the whole list (this runs every step)."""

@@ -24,7 +24,65 @@ MAX_TOKEN_ID_LIST = 4096  # stop_token_ids, logit_bias and allowed_token_ids ent
 MAX_BAD_WORDS = 256
 LOGIT_BIAS_BOUND = 100.0  # biases are clamped to +-100, as OpenAI and vLLM do
 SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # what torch.Generator.manual_seed takes
+MAX_GRAMMAR_CHARS = 256 * 1024  # a JSON schema's text, a regex or a grammar
+MAX_CHOICES = 1024
 TOP_K_MAX = (1 << 31) - 1  # top_k is clamped to the vocabulary when sampled
+
+
+@dataclass
+class StructuredOutputsParams:
+    """vLLM's structured outputs: exactly one of these constrains what may be generated
+    (``runtime.engine.structured_outputs``): a JSON schema (a dict or its text), any JSON object, a
+    regular expression, one of a list of strings, or an EBNF (GBNF-style) grammar."""
+
+    json: Optional[Union[str, dict]] = None
+    regex: Optional[str] = None
+    choice: Optional[list[str]] = None
+    grammar: Optional[str] = None
+    json_object: Optional[bool] = None
+
+    def __post_init__(self) -> None:
+        given = [name for name in ("json", "regex", "choice", "grammar", "json_object")
+                 if getattr(self, name) not in (None, False)]
+        _check(len(given) == 1, "structured_outputs", f"must give exactly one of json, regex, choice, grammar "
+                                                      f"and json_object, got {given or 'none'}")
+        if isinstance(self.json, dict):
+            import json as _json
+
+            self.json = _json.dumps(self.json)
+        for name in ("json", "regex", "grammar"):
+            value = getattr(self, name)
+            _check(value is None or (isinstance(value, str) and 0 < len(value) <= MAX_GRAMMAR_CHARS),
+                   f"structured_outputs.{name}", f"must be a non-empty string (a schema: an object) of at most "
+                                                 f"{MAX_GRAMMAR_CHARS} characters")
+            if value is not None:
+                check_text(value, f"structured_outputs.{name}")
+        if self.choice is not None:
+            _check(isinstance(self.choice, (list, tuple)) and 0 < len(self.choice) <= MAX_CHOICES
+                   and all(isinstance(c, str) and 0 < len(c) <= MAX_STOP_CHARS for c in self.choice),
+                   "structured_outputs.choice", f"must be a list of 1 to {MAX_CHOICES} non-empty strings of at "
+                                                f"most {MAX_STOP_CHARS} characters")
+            self.choice = list(self.choice)
+        _check(self.json_object in (None, True, False), "structured_outputs.json_object", "must be a boolean")
+
+    @property
+    def kind(self) -> str:
+        return next(name for name in ("json", "regex", "choice", "grammar", "json_object")
+                    if getattr(self, name) not in (None, False))
+
+    def to_dict(self) -> dict:
+        return {self.kind: getattr(self, self.kind)}
+
+    @classmethod
+    def of(cls, value) -> "StructuredOutputsParams":
+        """From a StructuredOutputsParams or a dict of its fields (an unknown key is a ValueError)."""
+        if isinstance(value, cls):
+            return value
+        _check(isinstance(value, dict), "structured_outputs", f"must be an object, got {type(value).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(value) - known)
+        _check(not unknown, "structured_outputs", f"has unknown keys {unknown} (known: {sorted(known)})")
+        return cls(**value)
 
 
 @dataclass
@@ -57,8 +115,12 @@ class SamplingParams:
     # keep only the prompt's last k tokens (-1: as many as the context allows), as vLLM
     truncate_prompt_tokens: Optional[int] = None
     detokenize: bool = True
+    # what may be generated: a StructuredOutputsParams, or a dict of its fields
+    structured_outputs: Optional[StructuredOutputsParams] = None
 
     def __post_init__(self) -> None:
+        if self.structured_outputs is not None:
+            self.structured_outputs = StructuredOutputsParams.of(self.structured_outputs)
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])

@@ -20,8 +20,9 @@ from actorserve.runtime.engine.spec_decode import SpecDecodeStats, make_proposer
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, vocab_size: int = 0) -> None:
         self.config = config
+        self.vocab_size = vocab_size  # the grammar bitmasks' width
         self.kv = kv
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -94,7 +95,7 @@ class Scheduler:
         """Draft tokens to verify after a decode's token, their KV slots allocated with it; none where the
         proposer has none, or they would pass max_tokens or the context, or take blocks that are not free
         (drafts never preempt anyone)."""
-        if self.proposer is None:
+        if self.proposer is None or request.grammar is not None:
             return []
         limit = min(budget - 1, request.max_total_tokens - request.num_tokens - 1)
         if limit <= 0:
@@ -128,8 +129,8 @@ class Scheduler:
         skipped: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
-            if _blocked_on_sibling(request):
-                skipped.append(self.waiting.popleft())
+            if _blocked_on_sibling(request) or (request.grammar is not None and not request.grammar.ready()):
+                skipped.append(self.waiting.popleft())  # (a grammar still compiling: the batch goes on)
                 continue
             # a prompt's logprobs come from computing it: a cached prefix would leave them out (as vLLM)
             cached = self.kv.find_cached_prefix(request) if request.params.prompt_logprobs is None else []
@@ -161,9 +162,11 @@ class Scheduler:
                 new_requests.append(NewRequest(request.request_id, request.prompt_token_ids, _spec(request)))
             start, real = request.num_computed_tokens, n - len(drafts)
             tokens = request.token_slice(start, start + real) + drafts
+            sample = start + real == request.num_tokens
+            bitmask = request.grammar.bitmask(self.vocab_size) if sample and request.grammar is not None else None
             chunks.append(ScheduledChunk(
                 request.request_id, tokens, start, self.kv.block_ids(request.request_id),
-                sample=start + real == request.num_tokens, num_draft=len(drafts),
+                sample=sample, num_draft=len(drafts), grammar_bitmask=bitmask,
             ))
         finished = []
         if chunks:  # an empty batch is never sent: keep the news for the next one

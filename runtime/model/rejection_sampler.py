@@ -32,8 +32,9 @@ def verify(sampler: Sampler, logits: torch.Tensor, rows: list[SamplingRow],
     request asked for none)."""
     expanded: list[SamplingRow] = []
     for row, draft in zip(rows, drafts):
-        for j in range(len(draft) + 1):  # row j has seen the drafts before it
-            expanded.append(SamplingRow(row.spec, row.generator, row.prompt_ids, row.output_ids + draft[:j]))
+        for j in range(len(draft) + 1):  # row j has seen the drafts before it (a grammar's row has no drafts)
+            expanded.append(SamplingRow(row.spec, row.generator, row.prompt_ids, row.output_ids + draft[:j],
+                                        row.allowed if j == 0 else None))
     probs, argmax, state = sampler.distributions(logits, expanded)
     tokens: list[list[int]] = []
     at = 0

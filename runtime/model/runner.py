@@ -5,6 +5,7 @@ attention metadata, runs the model, and samples the requests whose chunk reached
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import mmap
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ import torch
 
 from actorserve.kernels.attention import AttentionMetadata, SequenceGroup, TorchRefBackend, cpu_decode
 from actorserve.runtime.engine.batch import ModelRunnerOutput, PromptLogprobs, ScheduledChunk, SchedulerOutput
+from actorserve.runtime.engine.structured_outputs import bitmask_to_allowed
 from actorserve.runtime.model.arch_config import ArchConfig
 from actorserve.runtime.model.decode_fast_path import DecodeFastPath
 from actorserve.runtime.model.decoder import CausalLM
@@ -57,6 +59,7 @@ class ModelInputs:
     sample_ids: list[str]  # request ids in the order of logits_indices
     chunk_rows: list[tuple[ScheduledChunk, int]]  # each chunk and the row of its first token
     drafts: Optional[list[list[int]]] = None  # each sampled request's draft tokens, where any has some
+    grammar_bitmasks: list[Optional[bytes]] = dataclasses.field(default_factory=list)  # by sample_ids
 
 
 class ModelRunner:
@@ -97,6 +100,8 @@ class ModelRunner:
         prompt_logprobs = self._prompt_logprobs(hidden, inputs)
         logits = self._logits(hidden, inputs.logits_indices)
         rows = [self._rows[rid] for rid in inputs.sample_ids]
+        for row, bitmask in zip(rows, inputs.grammar_bitmasks):
+            row.allowed = None if bitmask is None else bitmask_to_allowed(bitmask, logits.shape[-1])
         if inputs.drafts is not None:
             tokens, logprobs = verify(self.sampler, logits, rows, inputs.drafts)
         else:
@@ -170,6 +175,7 @@ class ModelRunner:
         ordered = decodes + prefills
         ids, positions, slots, logits_indices, sample_ids, chunk_rows = [], [], [], [], [], []
         drafts: list[list[int]] = []
+        bitmasks: list[Optional[bytes]] = []
         bs = self.block_size
         for chunk in ordered:
             chunk_rows.append((chunk, len(ids)))
@@ -181,6 +187,7 @@ class ModelRunner:
                 logits_indices.extend(range(len(ids) - 1 - chunk.num_draft, len(ids)))
                 sample_ids.append(chunk.request_id)
                 drafts.append(chunk.token_ids[len(chunk.token_ids) - chunk.num_draft:])
+                bitmasks.append(chunk.grammar_bitmask)
         as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=self.device)  # noqa: E731
         # a decode with drafts is attended as one decode row a token, each seeing the cache up to itself
         # (the step writes every row's K and V before any row attends): decode steps stay decode-only
@@ -192,7 +199,7 @@ class ModelRunner:
             prefill=self._group(prefills, len(rows)),
         )
         return ModelInputs(as_long(ids), as_long(positions), self.backend.prepare(meta), as_long(logits_indices),
-                           sample_ids, chunk_rows, drafts if any(drafts) else None)
+                           sample_ids, chunk_rows, drafts if any(drafts) else None, bitmasks)
 
     def _group(self, chunks: list[ScheduledChunk], token_start: int) -> Optional[SequenceGroup]:
         """The attention plan of consecutive chunks of the step."""

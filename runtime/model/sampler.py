@@ -18,12 +18,14 @@ from actorserve.runtime.engine.batch import SamplingSpec, TokenLogprobs
 
 @dataclass
 class SamplingRow:
-    """One row of the batch: its spec, its generator (seeded requests only) and its token history."""
+    """One row of the batch: its spec, its generator (seeded requests only), its token history, and for
+    this step only, the tokens its grammar allows (structured outputs; None: any)."""
 
     spec: SamplingSpec
     generator: Optional[torch.Generator]
     prompt_ids: list[int]
     output_ids: list[int]
+    allowed: Optional[torch.Tensor] = None
 
 
 class Sampler:
@@ -108,21 +110,22 @@ def _probabilities(logits: torch.Tensor, rows: list[SamplingRow], greedy: list[b
 def _plain_greedy(row: SamplingRow) -> bool:
     """A row whose token is the argmax of its raw logits: greedy, and nothing below alters or reads them."""
     spec = row.spec
-    return (spec.temperature < 1e-5 and spec.logprobs is None and not spec.logit_bias
+    return (spec.temperature < 1e-5 and spec.logprobs is None and not spec.logit_bias and row.allowed is None
             and spec.allowed_token_ids is None and not spec.bad_words_token_ids
             and len(row.output_ids) >= spec.min_tokens and spec.repetition_penalty == 1.0
             and spec.presence_penalty == 0.0 and spec.frequency_penalty == 0.0)
 
 
 def _apply_bias_and_min_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """logit_bias, then the bans: allowed_token_ids, bad words, and the stop tokens until min_tokens."""
+    """logit_bias, then the bans: allowed_token_ids, bad words, the stop tokens until min_tokens, and the
+    grammar's mask."""
     cloned = False
     for i, row in enumerate(rows):
         spec = row.spec
         banned = _banned_bad_words(spec.bad_words_token_ids, row.output_ids) if spec.bad_words_token_ids else []
         if len(row.output_ids) < spec.min_tokens:
             banned += list(spec.stop_token_ids) + ([spec.eos_token_id] if spec.eos_token_id is not None else [])
-        if not spec.logit_bias and not banned and spec.allowed_token_ids is None:
+        if not spec.logit_bias and not banned and spec.allowed_token_ids is None and row.allowed is None:
             continue
         if not cloned:
             logits, cloned = logits.clone(), True
@@ -135,6 +138,8 @@ def _apply_bias_and_min_tokens(logits: torch.Tensor, rows: list[SamplingRow]) ->
             logits[i].masked_fill_(~keep, float("-inf"))
         if banned:
             logits[i, torch.tensor(banned, dtype=torch.long)] = float("-inf")
+        if row.allowed is not None:  # the grammar's mask (its width is the model's vocabulary)
+            logits[i, :row.allowed.shape[0]].masked_fill_(~row.allowed, float("-inf"))
     return logits
 
 

@@ -9,7 +9,7 @@ Structs are frozen and decoded by type; nothing is pickled. A new message means 
 """
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import msgspec
 
@@ -44,6 +44,8 @@ class WireSamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid
     allowed_token_ids: Optional[list[int]] = None
     bad_words: Optional[list[str]] = None
     truncate_prompt_tokens: Optional[int] = None
+    # structured outputs: one of json (a schema object or its text), regex, choice, grammar, json_object
+    structured_outputs: Optional[dict[str, Any]] = None
 
 
 class AddRequest(msgspec.Struct, tag="add_request", frozen=True):

@@ -172,7 +172,7 @@ STRICT = [
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "tool_choice": "auto", '
                              b'"tools": [{"type": "function", "function": {"name": "f"}}]}', "tool_choice"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], '
-                             b'"response_format": {"type": "json_object"}}', "response_format"),
+                             b'"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}', None),
     ("/v1/completions", b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", None),  # nested too deep
     ("/v1/completions", b'{"prompt": [' + b",".join([b"[1]"] * 3000) + b"]}", "prompt"),  # 3000 prompts
     ("/v1/chat/completions", b'{"messages": [' + b",".join([b'{"role": "user", "content": ""}'] * 5000) + b"]}",

@@ -106,8 +106,7 @@ def test_allowed_token_ids_are_the_only_tokens(client):
 
 
 @pytest.mark.parametrize("body", [
-    {"response_format": {"type": "json_object"}}, {"guided_json": {"type": "object"}},
-    {"structured_outputs": {"choice": ["a", "b"]}}, {"use_beam_search": True}, {"best_of": 3},
+    {"use_beam_search": True}, {"best_of": 3}, {"guided_decoding_backend": "outlines"},
     {"logits_processors": ["x"]}, {"suffix": "end"}, {"spaces_between_special_tokens": False},
 ], ids=lambda b: next(iter(b)))
 def test_fields_that_would_change_the_output_are_refused(client, body):

@@ -1,0 +1,103 @@
+"""Structured outputs, the engine's side: the parameters' checks, the bitmask's bit order, and a request
+whose grammar is still compiling waits without holding up the batch."""
+import threading
+
+import pytest
+import torch
+
+from actorserve.runtime.engine.sampling_params import SamplingParams, StructuredOutputsParams
+from actorserve.runtime.engine.structured_outputs import (GrammarState, StructuredOutputManager,
+                                                          bitmask_to_allowed, validate_with_xgrammar)
+from tests.runtime.engine.test_scheduler import expected, make_engine
+
+xgrammar = pytest.importorskip("xgrammar")
+
+
+def test_exactly_one_constraint_and_its_shapes():
+    p = StructuredOutputsParams(json={"type": "object"})
+    assert p.kind == "json" and p.json == '{"type": "object"}' and p.to_dict() == {"json": '{"type": "object"}'}
+    assert StructuredOutputsParams.of({"choice": ["a", "b"]}).kind == "choice"
+    assert SamplingParams(structured_outputs={"regex": "a+"}).structured_outputs.regex == "a+"
+    for bad, why in [({}, "exactly one"), ({"regex": "a", "grammar": "b"}, "exactly one"), ({"choice": []}, "choice"),
+                     ({"choice": ["a", 3]}, "choice"), ({"regex": ""}, "regex"), ({"bogus": 1}, "unknown keys"),
+                     ({"json_object": "yes"}, "json_object")]:
+        with pytest.raises(ValueError, match=why):
+            StructuredOutputsParams.of(bad)
+
+
+@pytest.mark.parametrize("params,why", [
+    ({"json": '{"type": "objectx"}'}, "objectx"), ({"json": "{oops"}, "not valid JSON"),
+    ({"regex": "(a"}, "regex is not valid"), ({"grammar": "root ::= "}, "grammar is not valid"),
+])
+def test_what_does_not_parse_is_a_value_error_naming_it(params, why):
+    with pytest.raises(ValueError, match=why):
+        validate_with_xgrammar(StructuredOutputsParams.of(params))
+
+
+def test_the_bitmask_bit_order_is_xgrammars():
+    words = torch.zeros(3, dtype=torch.int32)
+    for t in (0, 31, 32, 70):
+        words[t // 32] |= (1 << (t % 32)) if t % 32 < 31 else -(1 << 31)
+    allowed = bitmask_to_allowed(words.numpy().tobytes(), 80)
+    assert allowed.nonzero().view(-1).tolist() == [0, 31, 32, 70] and allowed.shape == (80,)
+
+
+class _AllowAll:
+    def fill_bitmask(self, out):
+        out.fill_(-1)
+
+    def accept(self, token):
+        return True
+
+    def is_terminated(self):
+        return False
+
+
+class _GatedBackend:
+    """Compiles only once the test opens the gate; its matchers allow every token."""
+
+    def __init__(self):
+        self.gate = threading.Event()
+
+    def compile(self, params):
+        assert self.gate.wait(30)
+        return "compiled"
+
+    def matcher(self, compiled):
+        return _AllowAll()
+
+
+def test_a_request_whose_grammar_is_compiling_waits_and_the_batch_goes_on(monkeypatch):
+    engine, _ = make_engine()
+    backend = _GatedBackend()
+    manager = StructuredOutputManager(object(), 1000, None)
+    monkeypatch.setattr(manager, "backend", lambda: backend)
+    monkeypatch.setattr(manager, "validate", lambda params: None)
+    woken = threading.Event()
+    manager.on_compiled = woken.set
+    engine.structured = manager
+    engine.add_request("constrained", [5, 6, 7], SamplingParams(max_tokens=4, structured_outputs={"regex": "a"}))
+    engine.add_request("free", [1, 2, 3], SamplingParams(max_tokens=4))
+    done = {}
+    for _ in range(6):  # the free request runs to its end while the grammar compiles
+        for out in engine.step():
+            done[out.request_id] = out
+    assert "free" in done and done["free"].outputs[0].token_ids == expected([1, 2, 3], 4)
+    assert "constrained" not in done and engine.scheduler.requests["constrained"].num_computed_tokens == 0
+    backend.gate.set()
+    assert woken.wait(10)  # the engine loop is told, so that it schedules again
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            done[out.request_id] = out
+    assert done["constrained"].outputs[0].token_ids == expected([5, 6, 7], 4)
+
+
+def test_a_failed_compile_lets_the_request_only_stop():
+    from concurrent.futures import Future
+
+    future = Future()
+    future.set_exception(RuntimeError("boom"))
+    state = GrammarState(future, None, [2])
+    assert state.ready() and "boom" in state.error
+    allowed = bitmask_to_allowed(state.bitmask(40), 40)
+    assert allowed.nonzero().view(-1).tolist() == [2]
