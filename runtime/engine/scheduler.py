@@ -95,12 +95,14 @@ class Scheduler:
         """Draft tokens to verify after a decode's token, their KV slots allocated with it; none where the
         proposer has none, or they would pass max_tokens or the context, or take blocks that are not free
         (drafts never preempt anyone)."""
-        if self.proposer is None or request.grammar is not None:
+        if self.proposer is None:
             return []
         limit = min(budget - 1, request.max_total_tokens - request.num_tokens - 1)
         if limit <= 0:
             return []
         drafts = self.proposer.propose(request.token_slice(0, request.num_tokens), limit)
+        if drafts and request.grammar is not None:  # the grammar cuts off what it forbids (bitmasks: below)
+            drafts = request.grammar.draft_bitmasks(drafts, self.vocab_size)[0]
         if drafts and not self.kv.allocate(request, 1 + len(drafts)):
             return []
         return drafts
@@ -163,7 +165,9 @@ class Scheduler:
             start, real = request.num_computed_tokens, n - len(drafts)
             tokens = request.token_slice(start, start + real) + drafts
             sample = start + real == request.num_tokens
-            bitmask = request.grammar.bitmask(self.vocab_size) if sample and request.grammar is not None else None
+            bitmask = None
+            if sample and request.grammar is not None:  # one a row: the token's, then each draft's
+                bitmask = request.grammar.draft_bitmasks(drafts, self.vocab_size)[1]
             chunks.append(ScheduledChunk(
                 request.request_id, tokens, start, self.kv.block_ids(request.request_id),
                 sample=sample, num_draft=len(drafts), grammar_bitmask=bitmask,

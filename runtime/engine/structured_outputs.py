@@ -6,11 +6,13 @@ grammar that does not parse is a ValueError naming the problem: HTTP 400), compi
 own, off the step loop, and the request is not admitted until its grammar is ready: it waits, and the
 batch goes on. Each step the scheduler sends, with each constrained request that samples, the bitmask of
 the tokens its grammar allows next; the sampler masks the other logits (``runtime.model.sampler``), and
-the request's matcher takes each token that comes out.
+the request's matcher takes each token that comes out. With speculative decoding, the drafts are checked
+against the grammar ahead of the model (those it forbids are cut off) and each verifying row gets the
+bitmask of its own position.
 
 The backend is a seam (``StructuredOutputBackend``): xgrammar's CPU path today; llguidance or outlines-core
 would be another class. Compiled grammars are cached by the backend's compiler, bounded in bytes and
-owned by the instance. Speculative decoding proposes no drafts for a constrained request.
+owned by the instance.
 """
 from __future__ import annotations
 
@@ -45,6 +47,9 @@ class Matcher(Protocol):
         """The allowed next tokens into ``out`` (int32 words, bit j of word i: token 32 i + j)."""
 
     def accept(self, token: int) -> bool: ...
+
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last ``num_tokens`` accepted tokens (drafts checked ahead of the model)."""
 
     def is_terminated(self) -> bool: ...
 
@@ -86,6 +91,10 @@ class _XgrammarMatcher:
 
     def accept(self, token: int) -> bool:
         return bool(self.m.accept_token(token))
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens:
+            self.m.rollback(num_tokens)
 
     def is_terminated(self) -> bool:
         return bool(self.m.is_terminated())
@@ -157,6 +166,25 @@ class GrammarState:
     def accept(self, token: int) -> bool:
         return self.matcher is not None and self.matcher.accept(token)
 
+    def draft_bitmasks(self, drafts: list[int], vocab_size: int) -> tuple[list[int], bytes]:
+        """For draft tokens (speculative decoding): the longest prefix the grammar takes (up to, not
+        including, a token that would end it), and the bitmasks of the rows that verify them, one a row:
+        the grammar's state now, then after each kept draft. The matcher is left as it was."""
+        if self.matcher is None:
+            return [], self.bitmask(vocab_size)
+        masks, kept = [self.bitmask(vocab_size)], []
+        for token in drafts:
+            if not self.matcher.accept(token):
+                break
+            kept.append(token)
+            if self.matcher.is_terminated():  # a stop token: the output ends there, nothing to verify after
+                break
+            masks.append(self.bitmask(vocab_size))
+        self.matcher.rollback(len(kept))
+        if len(masks) < len(kept) + 1:
+            kept.pop()
+        return kept, b"".join(masks)
+
 
 class StructuredOutputManager:
     """Checks, compiles (one thread, off the step loop) and tracks the grammars of the engine's requests."""
@@ -209,7 +237,8 @@ class _LazyBackend:
 
 
 def bitmask_to_allowed(bitmask: bytes, vocab_size: int) -> torch.Tensor:
-    """The bool mask [vocab_size] of the tokens a bitmask allows (the sampler's side)."""
-    words = torch.frombuffer(bytearray(bitmask), dtype=torch.int32)
+    """The bool masks [rows, vocab_size] of the tokens each of a chunk's bitmasks allows (the sampler's
+    side): one row a bitmask of (vocab_size + 31) // 32 words."""
+    words = torch.frombuffer(bytearray(bitmask), dtype=torch.int32).view(-1, (vocab_size + 31) // 32)
     bits = (words.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
-    return bits.reshape(-1)[:vocab_size].bool()
+    return bits.reshape(words.shape[0], -1)[:, :vocab_size].bool()

@@ -13,7 +13,9 @@ would have had: the output so far and the drafts before it. Then, in order:
   distributed as the target's own samples would be.
 
 The acceptance draws and the residual's noise come from the request's target stream: its own generator
-where it is seeded (so its output does not depend on the batch), else the sampler's.
+where it is seeded (so its output does not depend on the batch), else the sampler's. A request with a
+grammar has each row masked to what the grammar allows there (its drafts were checked against it before
+the step), so every token that comes out is one the grammar takes.
 """
 from __future__ import annotations
 
@@ -25,16 +27,19 @@ from actorserve.runtime.engine.batch import TokenLogprobs
 from actorserve.runtime.model.sampler import Sampler, SamplingRow
 
 
-def verify(sampler: Sampler, logits: torch.Tensor, rows: list[SamplingRow],
-           drafts: list[list[int]]) -> tuple[list[list[int]], list[list[Optional[TokenLogprobs]]]]:
-    """``logits`` holds, request by request, the ``len(drafts[i]) + 1`` rows of request i. Returns each
-    request's tokens (the drafts it kept, then one of the target's) and their logprobs (None where the
+def verify(sampler: Sampler, logits: torch.Tensor, rows: list[SamplingRow], drafts: list[list[int]],
+           masks: Optional[list[Optional[torch.Tensor]]] = None
+           ) -> tuple[list[list[int]], list[list[Optional[TokenLogprobs]]]]:
+    """``logits`` holds, request by request, the ``len(drafts[i]) + 1`` rows of request i; ``masks[i]``,
+    where given, the bool masks [rows, vocab] of what request i's grammar allows at each of them. Returns
+    each request's tokens (the drafts it kept, then one of the target's) and their logprobs (None where the
     request asked for none)."""
     expanded: list[SamplingRow] = []
-    for row, draft in zip(rows, drafts):
-        for j in range(len(draft) + 1):  # row j has seen the drafts before it (a grammar's row has no drafts)
+    for i, (row, draft) in enumerate(zip(rows, drafts)):
+        mask = masks[i] if masks is not None else None
+        for j in range(len(draft) + 1):  # row j has seen the drafts before it, and has its grammar's mask
             expanded.append(SamplingRow(row.spec, row.generator, row.prompt_ids, row.output_ids + draft[:j],
-                                        row.allowed if j == 0 else None))
+                                        None if mask is None else mask[j]))
     probs, argmax, state = sampler.distributions(logits, expanded)
     tokens: list[list[int]] = []
     at = 0

@@ -100,10 +100,11 @@ class ModelRunner:
         prompt_logprobs = self._prompt_logprobs(hidden, inputs)
         logits = self._logits(hidden, inputs.logits_indices)
         rows = [self._rows[rid] for rid in inputs.sample_ids]
-        for row, bitmask in zip(rows, inputs.grammar_bitmasks):
-            row.allowed = None if bitmask is None else bitmask_to_allowed(bitmask, logits.shape[-1])
+        masks = [None if b is None else bitmask_to_allowed(b, logits.shape[-1]) for b in inputs.grammar_bitmasks]
+        for row, mask in zip(rows, masks):
+            row.allowed = None if mask is None else mask[0]
         if inputs.drafts is not None:
-            tokens, logprobs = verify(self.sampler, logits, rows, inputs.drafts)
+            tokens, logprobs = verify(self.sampler, logits, rows, inputs.drafts, masks)
         else:
             one, one_logprobs = self.sampler(logits, rows)
             tokens, logprobs = [[t] for t in one], [[lp] for lp in one_logprobs]

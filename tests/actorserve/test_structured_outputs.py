@@ -49,3 +49,16 @@ def test_a_bad_schema_is_a_value_error_and_the_engine_goes_on(llm):
     with pytest.raises(ValueError, match="structured_outputs.json"):
         llm.generate("Hi", SamplingParams(structured_outputs={"json": {"type": "nope"}}), use_tqdm=False)
     assert llm.generate("Hi", SamplingParams(max_tokens=2), use_tqdm=False)[0].outputs[0].token_ids
+
+
+def test_drafts_the_grammar_forbids_are_cut_and_the_output_still_matches(llm):
+    """The prompt repeats "x y"; prompt lookup drafts "y" after "x", which the regex forbids: those drafts
+    are cut, the output matches, and where the drafts fit the grammar ("x z" repeated) they are kept."""
+    import re
+
+    stats = llm.engine.scheduler.spec_stats
+    kept_before = stats.num_accepted_tokens
+    out = llm.generate("x y x y x y x y x y x y x", SamplingParams(temperature=0, max_tokens=40, structured_outputs={
+        "regex": "( x z){10}"}), use_tqdm=False)[0].outputs[0]
+    assert re.fullmatch("( x z){10}", out.text), out.text
+    assert stats.num_accepted_tokens > kept_before  # the repetition of " x z" itself was drafted and kept

@@ -38,8 +38,8 @@ def test_the_bitmask_bit_order_is_xgrammars():
     words = torch.zeros(3, dtype=torch.int32)
     for t in (0, 31, 32, 70):
         words[t // 32] |= (1 << (t % 32)) if t % 32 < 31 else -(1 << 31)
-    allowed = bitmask_to_allowed(words.numpy().tobytes(), 80)
-    assert allowed.nonzero().view(-1).tolist() == [0, 31, 32, 70] and allowed.shape == (80,)
+    allowed = bitmask_to_allowed(words.numpy().tobytes() * 2, 80)  # two rows' bitmasks, one after the other
+    assert allowed.shape == (2, 80) and allowed[1].nonzero().view(-1).tolist() == [0, 31, 32, 70]
 
 
 class _AllowAll:
@@ -48,6 +48,9 @@ class _AllowAll:
 
     def accept(self, token):
         return True
+
+    def rollback(self, num_tokens):
+        pass
 
     def is_terminated(self):
         return False
@@ -100,4 +103,25 @@ def test_a_failed_compile_lets_the_request_only_stop():
     state = GrammarState(future, None, [2])
     assert state.ready() and "boom" in state.error
     allowed = bitmask_to_allowed(state.bitmask(40), 40)
-    assert allowed.nonzero().view(-1).tolist() == [2]
+    assert allowed[0].nonzero().view(-1).tolist() == [2]
+
+
+def test_drafts_are_cut_where_the_grammar_forbids_them_and_each_row_gets_its_mask():
+    """With a real matcher over the model's tokenizer: a regex of digits takes "1" "2" but not "x"; the
+    rows' masks are the state before each kept draft, and the matcher is left where it was."""
+    from actorserve.runtime.model.loader import load_tokenizer, resolve_model_path
+
+    tok = load_tokenizer(resolve_model_path(None))
+    manager = StructuredOutputManager(tok, 49152, 2)
+    state = manager.start(StructuredOutputsParams(regex="[0-9]+"))
+    state.future.result(timeout=60)
+    assert state.ready() and state.matcher is not None
+    one, two, x = (tok.convert_tokens_to_ids(t) for t in ("1", "2", "x"))
+    kept, masks = state.draft_bitmasks([one, two, x, one], 49152)
+    assert kept == [one, two]
+    allowed = bitmask_to_allowed(masks, 49152)
+    assert allowed.shape == (3, 49152) and all(bool(allowed[j, one]) and not bool(allowed[j, x]) for j in range(3))
+    assert not bool(allowed[0, 2])  # nothing yet: the stop token is not allowed before a digit
+    assert bool(allowed[1, 2])  # after "1" the output may end
+    assert torch.equal(bitmask_to_allowed(state.bitmask(49152), 49152)[0], allowed[0])  # rolled back
+    manager.close()
