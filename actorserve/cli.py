@@ -7,6 +7,7 @@ import sys
 from typing import Optional, Sequence
 
 from actorserve.engine_flags import add_engine_arguments, engine_kwargs, expand_config_file
+from actorserve.frontend.tool_calls import PARSERS
 from actorserve.runtime.errors import ActorServeError
 
 
@@ -76,8 +77,13 @@ def _serve_http(a: argparse.Namespace) -> int:
 
     a.model = a.model_tag or a.model
     limits = HttpLimits(**{f.name: getattr(a, f.name) for f in dataclasses.fields(HttpLimits)}).validate()
+    if a.enable_auto_tool_choice and a.tool_call_parser is None:
+        print(f"actorserve: error: --enable-auto-tool-choice needs --tool-call-parser (one of {', '.join(PARSERS)})",
+              file=sys.stderr)
+        return 2
     options = ServeOptions(served_model_names=tuple(a.served_model_name or ()), api_key=a.api_key,
                            chat_template=read_chat_template(a.chat_template),
+                           tool_parser=a.tool_call_parser if a.enable_auto_tool_choice else None,
                            generation_config=a.generation_config, uvicorn_log_level=a.uvicorn_log_level,
                            access_log=not a.disable_uvicorn_access_log, log_requests=not a.disable_log_requests)
     check_address_free(a.host, a.port)  # before the model loads: a taken port fails at once
@@ -176,6 +182,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       help="the names the API answers to (the first is the one reported); default: the model's")
     http.add_argument("--chat-template", default=None,
                       help="a chat template file, or the template itself, for requests that give none")
+    http.add_argument("--enable-auto-tool-choice", action="store_true",
+                      help='"auto" tool choice (also tools without tool_choice): the --tool-call-parser finds the '
+                           "model's calls in its answer")
+    http.add_argument("--tool-call-parser", default=None, choices=list(PARSERS),
+                      help="hermes: calls written as <tool_call>{json}</tool_call>")
     http.add_argument("--generation-config", default="auto",
                       help="auto: the model's generation_config.json gives the sampling defaults of requests "
                            "(as vLLM); vllm: none; or a folder holding a generation_config.json")

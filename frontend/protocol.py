@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictInt,
+                      model_validator)
 
 from actorserve.runtime.engine.sampling_params import SamplingParams, check_text
 
@@ -234,6 +235,17 @@ class ChatCompletionRequest(_SamplingFields):
     reasoning_effort: Optional[Literal["low", "medium", "high"]] = None  # handed to the template, as vLLM
     tools: Optional[list[Tool]] = Field(None, max_length=MAX_TOOLS)
     tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = None
+    # the tool calls' structured outputs (frontend.tool_calls.constraint), set by the serving code
+    _tools_constraint: Optional[dict[str, Any]] = PrivateAttr(default=None)
+
+    def structured(self) -> Optional[dict[str, Any]]:
+        base = super().structured()
+        if self._tools_constraint is None:
+            return base
+        if base is not None:
+            raise ValueError("structured_outputs: a required or named tool_choice constrains the output "
+                             "itself; it cannot be combined with response_format or structured_outputs")
+        return self._tools_constraint
 
 
 class TokenizeRequest(_Schema):

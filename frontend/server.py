@@ -53,6 +53,7 @@ class ServeOptions:
     served_model_names: tuple[str, ...] = ()  # the first is the one reported; default: the model's
     api_key: Optional[str] = None
     chat_template: Optional[str] = None
+    tool_parser: Optional[str] = None  # "auto" tool choice's parser (--enable-auto-tool-choice --tool-call-parser)
     generation_config: str = "auto"  # "auto": the model's generation_config.json; "vllm": none; or a folder
     uvicorn_log_level: str = "info"
     access_log: bool = True
@@ -118,7 +119,8 @@ def new_context(engine, model: Optional[str], served_model_names: Sequence[str] 
     names = tuple(served_model_names) or (model if model is not None else DEFAULT_MODEL_NAME,)
     options = options or ServeOptions()
     return ServingContext(engine, None, names[0], 0, 0, FrontendMetrics(names[0]), served_model_names=names,
-                          chat_template=options.chat_template, log_requests=options.log_requests)
+                          chat_template=options.chat_template, log_requests=options.log_requests,
+                          tool_parser=options.tool_parser)
 
 
 async def complete_context(ctx: ServingContext, model: Optional[str], generation_config: str = "vllm") -> None:

@@ -49,6 +49,7 @@ class ServingContext:
     chat_template: Optional[str] = None  # the server's --chat-template: for requests that give none
     served_model_names: tuple[str, ...] = ()  # every name a request may give (model_name is the first)
     default_sampling: dict = field(default_factory=dict)  # --generation-config: for fields a request leaves unset
+    tool_parser: Optional[str] = None  # --tool-call-parser with --enable-auto-tool-choice: "auto" tool choice
     log_requests: bool = True
     # one thread: tokenizing is CPU work, and a queue of it must not take every core from the engine
     pool: concurrent.futures.ThreadPoolExecutor = field(

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 from typing import AsyncIterator, Optional
 
+from actorserve.frontend import tool_calls
 from actorserve.frontend.echo import echo_prefix
 from actorserve.frontend.errors import APIError, sse_error
 from actorserve.frontend.protocol import ChatCompletionRequest, ChatMessage
@@ -40,13 +41,11 @@ class ChatServing:
         self.ctx.check_model(request.model)
         if request.top_logprobs is not None and not request.logprobs:
             raise APIError(400, "top_logprobs needs logprobs to be true", "top_logprobs")
-        if request.tool_choice not in (None, "none"):
-            raise APIError(400, "tool_choice other than \"none\" needs tool calling, which this server does not "
-                                "support", "tool_choice")
-        if request.tools and request.tool_choice is None:  # OpenAI's default with tools is "auto"
-            raise APIError(400, "tools without tool_choice means \"auto\" tool choice, which needs tool calling: "
-                                "this server does not support it (give tool_choice \"none\" to show the tools "
-                                "to the model without calls)", "tool_choice")
+        try:
+            mode = tool_calls.mode_of(request, self.ctx.tool_parser)
+        except ValueError as exc:
+            raise APIError(400, str(exc), "tool_choice") from None
+        request._tools_constraint = tool_calls.constraint(request, mode)
         self.ctx.check_fields(request, request_id)
         tools = [t.model_dump(exclude_none=True) for t in request.tools] if request.tools else None
         template_kwargs = dict(request.chat_template_kwargs or {})
@@ -57,17 +56,23 @@ class ChatServing:
                                    request.documents, template_kwargs, request.add_special_tokens)
         requested = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
         logprobs = (request.top_logprobs or 0) if request.logprobs else None
-        return prompt, self.ctx.build_params(request, prompt, requested, logprobs, request.prompt_logprobs)
+        params = self.ctx.build_params(request, prompt, requested, logprobs, request.prompt_logprobs)
+        return prompt, params, mode
 
     async def create(self, request: ChatCompletionRequest, request_id: str) -> dict:
-        prompt, params = await self.prepare(request, request_id)
+        prompt, params, mode = await self.prepare(request, request_id)
         out = await self.ctx.final(prompt, params, request_id)
         prefix = echo_prefix(request, prompt.text)
-        choices = [{
-            "index": s.index, "message": {"role": "assistant", "content": prefix + s.text},
-            "logprobs": chat_logprobs(s, request.top_logprobs or 0) if request.logprobs else None,
-            "finish_reason": s.finish_reason, "stop_reason": s.stop_reason,
-        } for s in out.outputs]
+        choices = []
+        for s in out.outputs:
+            message, reason = {"role": "assistant", "content": prefix + s.text}, s.finish_reason
+            if mode is not None:
+                content, calls = tool_calls.calls_of(s.text, mode)
+                message = {"role": "assistant", "content": content, "tool_calls": calls}
+                reason = tool_calls.finish_reason(mode, s.finish_reason, calls)
+            choices.append({"index": s.index, "message": message,
+                            "logprobs": chat_logprobs(s, request.top_logprobs or 0) if request.logprobs else None,
+                            "finish_reason": reason, "stop_reason": s.stop_reason})
         body = {"id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": now(),
                 "model": self.ctx.response_name(request.model), "choices": choices,
                 "usage": usage([prompt], [out])}
@@ -77,16 +82,18 @@ class ChatServing:
 
     async def stream(self, request: ChatCompletionRequest, request_id: str) -> AsyncIterator[str]:
         """Errors before the stream starts (the engine's refusal included) are plain 4xx."""
-        prompt, params = await self.prepare(request, request_id)
+        prompt, params, mode = await self.prepare(request, request_id)
         outputs = await self.ctx.started(prompt, params, request_id)
-        return self._events(request, request_id, prompt, outputs)
+        return self._events(request, request_id, prompt, outputs, mode)
 
-    async def _events(self, request, request_id, prompt: Prompt, outputs) -> AsyncIterator[str]:
+    async def _events(self, request, request_id, prompt: Prompt, outputs,
+                      mode: Optional[tool_calls.ToolMode] = None) -> AsyncIterator[str]:
         head = {"id": f"chatcmpl-{request_id}", "object": "chat.completion.chunk", "created": now(),
                 "model": self.ctx.response_name(request.model)}
         prefix = echo_prefix(request, prompt.text)
         sent = {i: (0, 0) for i in range(request.n)}
         done: set[int] = set()  # samples whose finish_reason went out: nothing more for them
+        calls = _StreamedCalls(mode) if mode is not None else None
         last = None
         try:
             for i in range(request.n):
@@ -96,6 +103,8 @@ class ChatServing:
                 last = out
                 for s in out.outputs:
                     chunk = _delta(s, sent, done, request)
+                    if chunk is not None and calls is not None:
+                        chunk = calls.delta(s, chunk)
                     if chunk is not None:
                         yield sse({**head, "choices": [chunk]})
             if request.stream_options and request.stream_options.include_usage and last is not None:
@@ -109,6 +118,36 @@ class ChatServing:
         finally:
             await outputs.aclose()
         yield SSE_DONE
+
+
+class _StreamedCalls:
+    """Tool calls as stream deltas: a named function's arguments as they come (the first delta with the
+    call's id and name); "required" and "auto" calls once the sample is finished, when they parse."""
+
+    def __init__(self, mode: tool_calls.ToolMode) -> None:
+        self.mode = mode
+        self.started: set[int] = set()
+
+    def delta(self, s: CompletionOutput, chunk: dict) -> Optional[dict]:
+        text = chunk["delta"].pop("content", "")
+        if self.mode.kind == "named":
+            if text:
+                call: dict = {"index": 0, "function": {"arguments": text}}
+                if s.index not in self.started:
+                    self.started.add(s.index)
+                    call = {"index": 0, "id": tool_calls.call_id(), "type": "function",
+                            "function": {"name": self.mode.name, "arguments": text}}
+                chunk["delta"]["tool_calls"] = [call]
+        elif chunk["finish_reason"]:  # required / auto: the whole answer is needed to parse it
+            content, calls = tool_calls.calls_of(s.text, self.mode)
+            if content:
+                chunk["delta"]["content"] = content
+            if calls:
+                chunk["delta"]["tool_calls"] = [{"index": k, **c} for k, c in enumerate(calls)]
+            chunk["finish_reason"] = tool_calls.finish_reason(self.mode, chunk["finish_reason"], calls)
+        if not chunk["delta"] and not chunk["finish_reason"] and chunk["logprobs"] is None:
+            return None
+        return chunk
 
 
 def _delta(s: CompletionOutput, sent: dict, done: set, request: ChatCompletionRequest) -> Optional[dict]:
