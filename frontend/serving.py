@@ -21,7 +21,6 @@ from actorserve.frontend.metrics import FrontendMetrics
 from actorserve.runtime.engine.outputs import Logprob, RequestOutput
 from actorserve.runtime.engine.sampling_params import (RequestLimits, SamplingParams, truncate_prompt,
                                                        verify_prompt_text, verify_request)
-from actorserve.runtime.engine.structured_outputs import validate_with_xgrammar
 from actorserve.runtime.errors import EngineDeadError
 from actorserve.runtime.model.tokenizer import encode
 
@@ -125,8 +124,6 @@ class ServingContext:
                 max_tokens = room if max_tokens is None else min(max_tokens, room)
             params = request.sampling_params(max_tokens, logprobs, prompt_logprobs, self.default_sampling)
             verify_request(prompt.token_ids, params, self.limits)
-            if params.structured_outputs is not None:  # the schema, regex or grammar parses (the engine's check)
-                validate_with_xgrammar(params.structured_outputs)
         except ValueError as exc:
             raise APIError.bad_request(exc) from None
         return params

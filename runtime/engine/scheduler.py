@@ -36,6 +36,7 @@ class Scheduler:
         self.num_prompt_tokens = 0  # prompt tokens computed (a preempted prompt counts again)
         self.num_generation_tokens = 0
         self.proposer = make_proposer(config.speculative_config)
+        self._draft_bitmasks: dict[str, bytes] = {}  # a constrained request's rows' bitmasks, from _drafts
         self.spec_stats = SpecDecodeStats(config.speculative_config)
 
     # -- admission and removal ---------------------------------------------------------------------------
@@ -101,9 +102,12 @@ class Scheduler:
         if limit <= 0:
             return []
         drafts = self.proposer.propose(request.token_slice(0, request.num_tokens), limit)
-        if drafts and request.grammar is not None:  # the grammar cuts off what it forbids (bitmasks: below)
-            drafts = request.grammar.draft_bitmasks(drafts, self.vocab_size)[0]
+        if drafts and request.grammar is not None:  # the grammar cuts off what it forbids
+            drafts, bitmasks = request.grammar.draft_bitmasks(drafts, self.vocab_size)
+            if drafts:
+                self._draft_bitmasks[request.request_id] = bitmasks
         if drafts and not self.kv.allocate(request, 1 + len(drafts)):
+            self._draft_bitmasks.pop(request.request_id, None)
             return []
         return drafts
 
@@ -165,9 +169,9 @@ class Scheduler:
             start, real = request.num_computed_tokens, n - len(drafts)
             tokens = request.token_slice(start, start + real) + drafts
             sample = start + real == request.num_tokens
-            bitmask = None
-            if sample and request.grammar is not None:  # one a row: the token's, then each draft's
-                bitmask = request.grammar.draft_bitmasks(drafts, self.vocab_size)[1]
+            bitmask = self._draft_bitmasks.pop(request.request_id, None) if drafts else None
+            if sample and request.grammar is not None and bitmask is None:  # one a row: the token's, then each draft's
+                bitmask = request.grammar.bitmask(self.vocab_size)
             chunks.append(ScheduledChunk(
                 request.request_id, tokens, start, self.kv.block_ids(request.request_id),
                 sample=sample, num_draft=len(drafts), grammar_bitmask=bitmask,

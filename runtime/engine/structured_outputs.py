@@ -19,11 +19,12 @@ from __future__ import annotations
 import json
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Optional, Protocol
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
 from actorserve.runtime.engine.sampling_params import StructuredOutputsParams
+
+if TYPE_CHECKING:  # torch loads where a grammar is used (the scheduler, the worker), not in the frontend
+    import torch
 
 log = logging.getLogger("actorserve")
 
@@ -43,7 +44,7 @@ class StructuredOutputBackend(Protocol):
 
 
 class Matcher(Protocol):
-    def fill_bitmask(self, out: torch.Tensor) -> None:
+    def fill_bitmask(self, out: "torch.Tensor") -> None:
         """The allowed next tokens into ``out`` (int32 words, bit j of word i: token 32 i + j)."""
 
     def accept(self, token: int) -> bool: ...
@@ -86,7 +87,7 @@ class _XgrammarMatcher:
     def __init__(self, matcher) -> None:
         self.m = matcher
 
-    def fill_bitmask(self, out: torch.Tensor) -> None:
+    def fill_bitmask(self, out: "torch.Tensor") -> None:
         self.m.fill_next_token_bitmask(out.view(1, -1), 0)
 
     def accept(self, token: int) -> bool:
@@ -155,6 +156,8 @@ class GrammarState:
         return True
 
     def bitmask(self, vocab_size: int) -> bytes:
+        import torch
+
         words = torch.zeros((vocab_size + 31) // 32, dtype=torch.int32)
         if self.matcher is not None:
             self.matcher.fill_bitmask(words)
@@ -236,9 +239,11 @@ class _LazyBackend:
         return self.manager.backend().matcher(compiled)
 
 
-def bitmask_to_allowed(bitmask: bytes, vocab_size: int) -> torch.Tensor:
+def bitmask_to_allowed(bitmask: bytes, vocab_size: int) -> "torch.Tensor":
     """The bool masks [rows, vocab_size] of the tokens each of a chunk's bitmasks allows (the sampler's
     side): one row a bitmask of (vocab_size + 31) // 32 words."""
+    import torch
+
     words = torch.frombuffer(bytearray(bitmask), dtype=torch.int32).view(-1, (vocab_size + 31) // 32)
     bits = (words.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
     return bits.reshape(words.shape[0], -1)[:, :vocab_size].bool()
