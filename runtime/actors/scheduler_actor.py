@@ -109,6 +109,8 @@ class SchedulerActor(Actor):
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._tokenizer_pool is not None:
             self._tokenizer_pool.shutdown(wait=False, cancel_futures=True)
+        if self.core is not None:
+            self.core.structured.close()
         if self._security is not None:
             self._security.stop()
 

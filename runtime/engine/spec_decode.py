@@ -54,7 +54,6 @@ class SpecDecodeStats:
     many were kept at each position (the acceptance rate per position is kept / drafts there)."""
 
     def __init__(self, config) -> None:
-        self.enabled = config is not None
         k = config.num_speculative_tokens if config is not None else 0
         self.num_drafts = 0
         self.num_draft_tokens = 0

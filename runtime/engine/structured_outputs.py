@@ -33,7 +33,11 @@ INSTALL_HINT = "structured outputs need xgrammar: pip install 'actorserve[struct
 
 
 class StructuredOutputBackend(Protocol):
-    def validate(self, params: StructuredOutputsParams) -> None:
+    """A backend class: ``validate`` is static (it runs before any tokenizer table is built), the rest
+    belongs to an instance made with the tokenizer and the vocabulary size."""
+
+    @staticmethod
+    def validate(params: StructuredOutputsParams) -> None:
         """ValueError naming what does not parse; cheap (no tokenizer work)."""
 
     def compile(self, params: StructuredOutputsParams) -> Any:
@@ -66,7 +70,8 @@ class XgrammarBackend:
         self.compiler = xgr.GrammarCompiler(self.info, max_threads=1, cache_enabled=True,
                                             cache_limit_bytes=cache_bytes)
 
-    def validate(self, params: StructuredOutputsParams) -> None:
+    @staticmethod
+    def validate(params: StructuredOutputsParams) -> None:
         validate_with_xgrammar(params)
 
     def compile(self, params: StructuredOutputsParams) -> Any:
@@ -136,8 +141,8 @@ def _grammar_text(params: StructuredOutputsParams) -> str:
 class GrammarState:
     """One request's grammar: compiling (a future), then a matcher of its own."""
 
-    def __init__(self, future: "Future[Any]", backend: StructuredOutputBackend, stop_ids: list[int]) -> None:
-        self.future, self.backend, self.stop_ids = future, backend, stop_ids
+    def __init__(self, future: "Future[Any]", matcher_of: Callable[[Any], Matcher], stop_ids: list[int]) -> None:
+        self.future, self.matcher_of, self.stop_ids = future, matcher_of, stop_ids
         self.matcher: Optional[Matcher] = None
         self.error: Optional[str] = None
 
@@ -149,7 +154,7 @@ class GrammarState:
             return False
         try:
             compiled = self.future.result()
-            self.matcher = self.backend.matcher(compiled)
+            self.matcher = self.matcher_of(compiled)
         except Exception as e:  # noqa: BLE001 - a compiler's failure ends this request, not the engine
             self.error = f"structured_outputs could not be compiled: {e}"
             log.error("%s; the request ends at once", self.error)
@@ -198,13 +203,14 @@ class StructuredOutputManager:
         # called (from the grammar thread) each time a grammar is compiled: an engine loop that waits for
         # work sets this to wake itself, since a request that waited for its grammar can now be admitted
         self.on_compiled: Optional[Callable[[], None]] = None
+        self.backend_class: type = XgrammarBackend
         self._backend: Optional[StructuredOutputBackend] = None
         self._pool: Optional[ThreadPoolExecutor] = None
 
     def validate(self, params: StructuredOutputsParams) -> None:
         if self.tokenizer is None:
             raise ValueError("structured_outputs needs a tokenizer (skip_tokenizer_init is set)")
-        validate_with_xgrammar(params)
+        self.backend_class.validate(params)
 
     def start(self, params: StructuredOutputsParams) -> GrammarState:
         """Compilation begins now, on the grammar thread; ``GrammarState.ready`` says when it is done."""
@@ -214,29 +220,22 @@ class StructuredOutputManager:
         if self.on_compiled is not None:
             callback = self.on_compiled
             future.add_done_callback(lambda _: callback())
-        return GrammarState(future, _LazyBackend(self), self.stop_ids)
+        return GrammarState(future, self._matcher, self.stop_ids)
 
     def _compile(self, params: StructuredOutputsParams) -> Any:
         return self.backend().compile(params)
 
+    def _matcher(self, compiled: Any) -> Matcher:
+        return self.backend().matcher(compiled)  # (asked once compiled: the backend exists by then)
+
     def backend(self) -> StructuredOutputBackend:
         if self._backend is None:  # its tokenizer table takes a moment: built on the grammar thread, once
-            self._backend = XgrammarBackend(self.tokenizer, self.vocab_size)
+            self._backend = self.backend_class(self.tokenizer, self.vocab_size)
         return self._backend
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-class _LazyBackend:
-    """The manager's backend, asked for only once a grammar is compiled (so it exists by then)."""
-
-    def __init__(self, manager: StructuredOutputManager) -> None:
-        self.manager = manager
-
-    def matcher(self, compiled: Any) -> Matcher:
-        return self.manager.backend().matcher(compiled)
 
 
 def bitmask_to_allowed(bitmask: bytes, vocab_size: int) -> "torch.Tensor":

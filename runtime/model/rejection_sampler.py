@@ -42,6 +42,7 @@ def verify(sampler: Sampler, logits: torch.Tensor, rows: list[SamplingRow], draf
                                         None if mask is None else mask[j]))
     probs, argmax, state = sampler.distributions(logits, expanded)
     tokens: list[list[int]] = []
+    token_rows: list[int] = []  # the row each token that came out was drawn at, for its logprobs
     at = 0
     for row, draft in zip(rows, drafts):
         greedy = row.spec.temperature < 1e-5
@@ -68,18 +69,7 @@ def verify(sampler: Sampler, logits: torch.Tensor, rows: list[SamplingRow], draf
                 continue
             out.append(sampler.draw(probs[r], row.generator))
         tokens.append(out)
+        token_rows.extend(range(at, at + len(out)))
         at += len(draft) + 1
-    # logprobs of the tokens that came out, each from its own row
-    flat_tokens, flat_rows, owner = [], [], []
-    at = 0
-    for i, (out, draft) in enumerate(zip(tokens, drafts)):
-        for j, token in enumerate(out):
-            flat_tokens.append(token)
-            flat_rows.append(at + j)
-            owner.append(i)
-        at += len(draft) + 1
-    logprobs = sampler.logprobs_of(state, flat_rows, flat_tokens)
-    per_request: list[list[Optional[TokenLogprobs]]] = [[] for _ in rows]
-    for i, lp in zip(owner, logprobs):
-        per_request[i].append(lp)
-    return tokens, per_request
+    logprobs = iter(sampler.logprobs_of(state, token_rows, [t for out in tokens for t in out]))
+    return tokens, [[next(logprobs) for _ in out] for out in tokens]

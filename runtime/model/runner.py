@@ -171,8 +171,10 @@ class ModelRunner:
         return self._logits(self.run_layers(inputs, hidden_in), inputs.logits_indices)
 
     def prepare_inputs(self, batch: SchedulerOutput) -> ModelInputs:
-        decodes = [c for c in batch.chunks if len(c.token_ids) == 1 or _drafted_decode(c)]
-        prefills = [c for c in batch.chunks if len(c.token_ids) > 1 and not _drafted_decode(c)]
+        decodes: list[ScheduledChunk] = []
+        prefills: list[ScheduledChunk] = []
+        for c in batch.chunks:
+            (decodes if len(c.token_ids) == 1 or _drafted_decode(c) else prefills).append(c)
         ordered = decodes + prefills
         ids, positions, slots, logits_indices, sample_ids, chunk_rows = [], [], [], [], [], []
         drafts: list[list[int]] = []
