@@ -5,6 +5,10 @@ copy: what the drafts cost where they miss). Greedy, so both engines give the sa
     .venv/bin/python bench/spec_decode.py [--speculative-config JSON] [--max-tokens 128] [--rounds 2]
                                           [-q gguf_q8]
 
+The config is vLLM's JSON: ngram by default, or a draft model, e.g. the default GGUF drafting for itself
+with the q8 products: '{"model": "default", "quantization": "gguf_q8", "num_speculative_tokens": 3}'
+("default" is the embedded model's path).
+
 Each prompt runs on one engine and then the other, alternately first, so that the machine's drift falls
 on both; the figures are total new tokens over total time (end to end), and the tokens after each
 answer's first over the time after it (decode: what the drafts speed up; the prompt's prefill is the
@@ -22,6 +26,7 @@ import time
 from pathlib import Path
 
 from actorserve import LLM, SamplingParams
+from actorserve.runtime.model.loader import resolve_model_path
 
 DATASET = Path(__file__).with_name("datasets") / "copy_heavy.jsonl"
 DEFAULT_SPEC = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
@@ -68,8 +73,10 @@ def main() -> None:
     ap.add_argument("--quantization", "-q", default=None, help="both engines' (e.g. gguf_q8)")
     args = ap.parse_args()
     common = dict(kv_cache_memory=256 << 20, max_model_len=2048, quantization=args.quantization)
-    engines = {"none": LLM(**common), "ngram": LLM(speculative_config=json.loads(args.speculative_config),
-                                                   **common)}
+    spec = json.loads(args.speculative_config)
+    if spec.get("model") == "default":
+        spec["model"] = resolve_model_path(None)
+    engines = {"none": LLM(**common), "spec": LLM(speculative_config=spec, **common)}
     for llm in engines.values():  # warm-up
         llm.generate("Hello", SamplingParams(max_tokens=4), use_tqdm=False)
     copy_prompts = [json.loads(line)["prompt"] for line in DATASET.read_text().splitlines() if line.strip()]
@@ -81,14 +88,15 @@ def main() -> None:
                       for _ in range(args.random_prompts)]
     fixed = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
     random_rates, random_decode, random_tokens = workload(engines, random_prompts, fixed, False, args.rounds)
-    stats = engines["ngram"].engine.scheduler.spec_stats
+    stats = engines["spec"].engine.scheduler.spec_stats
+    method = engines["spec"].config.scheduler.speculative_config.method
     print(f"speculative_config: {args.speculative_config}; quantization: {args.quantization}")
-    print(f"{'workload':34} {'':>12} {'none tok/s':>11} {'ngram tok/s':>12} {'speed-up':>9}")
+    print(f"{'workload':34} {'':>12} {'none tok/s':>11} {method + ' tok/s':>17} {'speed-up':>9}")
     for name, rates, decode, n in (
             ("copy-heavy chat (16 prompts)", copy_rates, copy_decode, copy_tokens),
             (f"random 128-token prompts ({args.random_prompts})", random_rates, random_decode, random_tokens)):
         for what, r in (("end to end", rates), ("decode", decode)):
-            print(f"{name:34} {what:>12} {r['none']:11.1f} {r['ngram']:12.1f} {r['ngram'] / r['none']:8.2f}x"
+            print(f"{name:34} {what:>12} {r['none']:11.1f} {r['spec']:17.1f} {r['spec'] / r['none']:8.2f}x"
                   f"   ({n} tokens each)")
     rate = stats.num_accepted_tokens / max(1, stats.num_draft_tokens)
     per_pos = [f"{a / max(1, d):.2f}" for a, d in zip(stats.num_accepted_tokens_per_pos,

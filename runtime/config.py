@@ -105,7 +105,7 @@ class CacheConfig:
         return _DEFAULT_KV_BYTES, "the default; set kv_cache_memory or ACTORSERVE_CPU_KVCACHE_SPACE (GiB)"
 
 
-SPEC_METHODS = ("ngram",)
+SPEC_METHODS = ("ngram", "draft_model")
 
 
 @dataclass(frozen=True)
@@ -113,12 +113,16 @@ class SpeculativeConfig:
     """Speculative decoding, as vLLM's ``speculative_config`` JSON spells it (``runtime.engine.spec_decode``):
     ``method`` "ngram" proposes ``num_speculative_tokens`` draft tokens a step by prompt lookup of the last
     ``prompt_lookup_max`` down to ``prompt_lookup_min`` tokens (vLLM's defaults: 5, and either one for the
-    other where only one is given)."""
+    other where only one is given); "draft_model" has ``model``, a smaller model with the same vocabulary,
+    propose them (a ``model`` without a method means this one, as in vLLM), its weights optionally
+    quantized by ``quantization``."""
 
-    method: str
+    method: Optional[str]
     num_speculative_tokens: int
     prompt_lookup_min: Optional[int] = None
     prompt_lookup_max: Optional[int] = None
+    model: Optional[str] = None
+    quantization: Optional[str] = None
 
     @classmethod
     def parse(cls, value: Any) -> "SpeculativeConfig":
@@ -141,6 +145,8 @@ class SpeculativeConfig:
             raise ValueError(f"speculative_config: unknown keys {unknown} (known: {sorted(known)})")
         if "num_speculative_tokens" not in value:
             raise ValueError("speculative_config needs num_speculative_tokens")
+        if value.get("method") is None and value.get("model") is not None:
+            value = {**value, "method": "draft_model"}
         if "method" not in value:
             raise ValueError(f"speculative_config needs a method, one of {SPEC_METHODS}")
         return cls(**value).checked()
@@ -160,6 +166,15 @@ class SpeculativeConfig:
                 raise ValueError(f"speculative_config {name} must be an integer >= 1, got {v!r}")
         if high < low:
             raise ValueError(f"speculative_config prompt_lookup_max ({high}) is below prompt_lookup_min ({low})")
+        if self.method == "draft_model" and not isinstance(self.model, str):
+            raise ValueError("speculative_config method draft_model needs a model: a .gguf file or an HF model "
+                             "directory with the target's vocabulary")
+        if self.method != "draft_model" and (self.model is not None or self.quantization is not None):
+            raise ValueError(f"speculative_config model and quantization are for method draft_model, not "
+                             f"{self.method!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"speculative_config quantization must be one of {QUANTIZATIONS}, "
+                             f"got {self.quantization!r}")
         return dataclasses.replace(self, prompt_lookup_min=low, prompt_lookup_max=high)
 
 
@@ -173,7 +188,8 @@ class SchedulerConfig:
     max_n: int = option(128, "the most samples (n) one request may ask for, at every way in")
     speculative_config: Optional[SpeculativeConfig] = option(
         None, 'speculative decoding, as vLLM\'s JSON: {"method": "ngram", "num_speculative_tokens": 4, '
-              '"prompt_lookup_max": 4, "prompt_lookup_min": 2}', parse=SpeculativeConfig.parse)
+              '"prompt_lookup_max": 4, "prompt_lookup_min": 2}, or {"method": "draft_model", "model": PATH, '
+              '"num_speculative_tokens": 3}', parse=SpeculativeConfig.parse)
 
     def __post_init__(self) -> None:
         if self.speculative_config is not None:  # a dict or JSON text from Python, checked once here
@@ -318,6 +334,10 @@ class EngineConfig:
         self.runtime.validate()
         self.parallel.validate()
         self.device.validate()
+        spec = self.scheduler.speculative_config
+        if spec is not None and spec.method == "draft_model" and self.parallel.pipeline_parallel_size > 1:
+            raise ValueError("speculative decoding with a draft model needs pipeline_parallel_size 1 (the draft "
+                             "runs beside the stage that verifies its tokens)")
         if self.parallel.pipeline_parallel_size > 1 and self.runtime.mode == "inprocess":
             raise ValueError("pipeline_parallel_size > 1 needs mode='multiprocess' (one process per stage)")
         if not self.scheduler.enable_chunked_prefill and self.model.max_model_len is not None:

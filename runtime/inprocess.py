@@ -8,10 +8,12 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import Optional
 
 from actorserve.kernels import capability
 from actorserve.runtime.config import EngineConfig
 from actorserve.runtime.engine.core import EngineCore, ModelFacts
+from actorserve.runtime.model.draft_proposer import DraftModelProposer
 from actorserve.runtime.model.loader import LoadedModel, load_model, resolve_model_path
 from actorserve.runtime.model.runner import ModelRunner, kv_bytes_per_block
 
@@ -63,14 +65,42 @@ def load_worker(config: EngineConfig, with_tokenizer: bool, pp_rank: int = 0,
     log.info("weights loaded in %.2f s: %.1f M parameters in %s%s, resident memory +%.1f MiB", loaded_at - started,
              loaded.model.num_parameters() / 1e6, str(loaded.model.dtype).removeprefix("torch."),
              f", {m.quantization}" if m.quantization else "", (_resident_bytes() - resident) / 2**20)
+    draft = _load_draft(config, loaded)
     per_block = kv_bytes_per_block(loaded.cfg, config.cache.block_size, loaded.model.dtype)
+    if draft is not None:  # its cache has as many blocks, addressed by the same block tables
+        per_block += kv_bytes_per_block(draft.cfg, config.cache.block_size, draft.model.dtype)
     blocks = num_kv_blocks(loaded, config, per_block)
-    runner = ModelRunner(loaded.model, blocks, config.cache.block_size, seed=m.seed, fast_decode=not m.enforce_eager)
+    drafter = None
+    if draft is not None:
+        drafter = DraftModelProposer(ModelRunner(draft.model, blocks, config.cache.block_size,
+                                                 fast_decode=not m.enforce_eager), seed=m.seed)
+    runner = ModelRunner(loaded.model, blocks, config.cache.block_size, seed=m.seed, fast_decode=not m.enforce_eager,
+                         drafter=drafter)
     log.info("%s; decode fast path: %s", paths.describe(), "on" if runner.fast_decode is not None else "off")
     log.info("KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB), allocated in %.2f s",
              blocks, config.cache.block_size, blocks * config.cache.block_size,
              blocks * per_block / 2**20, time.perf_counter() - loaded_at)
     return runner, model_facts(loaded, config, blocks), loaded
+
+
+def _load_draft(config: EngineConfig, target: LoadedModel) -> Optional[LoadedModel]:
+    """The draft model of speculative decoding's draft_model method, in the target's dtype; ValueError
+    where it cannot draft for this target."""
+    spec = config.scheduler.speculative_config
+    if spec is None or spec.method != "draft_model":
+        return None
+    draft = load_model(spec.model, str(target.model.dtype).removeprefix("torch."), skip_tokenizer=True,
+                       quantization=spec.quantization)
+    if draft.cfg.vocab_size != target.cfg.vocab_size:
+        raise ValueError(f"the draft model {spec.model} has a vocabulary of {draft.cfg.vocab_size} tokens, the "
+                         f"target {target.cfg.vocab_size}: a draft model must share the target's tokenizer")
+    max_len = config.model.max_model_len or target.cfg.max_position_embeddings
+    if draft.cfg.max_position_embeddings < max_len:
+        raise ValueError(f"the draft model {spec.model} takes {draft.cfg.max_position_embeddings} positions, "
+                         f"fewer than max_model_len {max_len}: lower --max-model-len")
+    log.info("draft model %s: %.1f M parameters, %d speculative tokens a step", draft.path,
+             draft.model.num_parameters() / 1e6, spec.num_speculative_tokens)
+    return draft
 
 
 def _resident_bytes() -> int:

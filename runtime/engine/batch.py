@@ -39,7 +39,8 @@ class NewRequest(msgspec.Struct, frozen=True):
 
 class ScheduledChunk(msgspec.Struct, frozen=True):
     """Tokens of one request to run this step, starting at position ``start``; the last ``num_draft`` of
-    them are draft tokens (speculative decoding) for the sampler to verify."""
+    them are draft tokens (speculative decoding) for the sampler to verify. ``propose``: the worker's
+    draft model proposes that many drafts and appends them first (their KV slots are allocated)."""
 
     request_id: str
     token_ids: list[int]
@@ -47,6 +48,7 @@ class ScheduledChunk(msgspec.Struct, frozen=True):
     block_ids: list[int]
     sample: bool  # this chunk reaches the request's last token: sample the next one (and verify the drafts)
     num_draft: int = 0
+    propose: int = 0
     # structured outputs: the tokens its grammar allows next (int32 words; bit j of word i is token 32 i + j)
     grammar_bitmask: Optional[bytes] = None
 

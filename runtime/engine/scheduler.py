@@ -16,7 +16,7 @@ from actorserve.runtime.config import SchedulerConfig
 from actorserve.runtime.engine.batch import NewRequest, SamplingSpec, ScheduledChunk, SchedulerOutput
 from actorserve.runtime.engine.kv_cache_manager import KVCacheManager
 from actorserve.runtime.engine.request import Request, RequestStatus
-from actorserve.runtime.engine.spec_decode import SpecDecodeStats, make_proposer
+from actorserve.runtime.engine.spec_decode import TO_PROPOSE, SpecDecodeStats, make_proposer
 
 
 class Scheduler:
@@ -99,7 +99,7 @@ class Scheduler:
         if self.proposer is None:
             return []
         limit = min(budget - 1, request.max_total_tokens - request.num_tokens - 1)
-        if limit <= 0:
+        if limit <= 0 or (request.grammar is not None and self.proposer.in_worker):
             return []
         drafts = self.proposer.propose(request.token_slice(0, request.num_tokens), limit)
         if drafts and request.grammar is not None:  # the grammar cuts off what it forbids
@@ -167,14 +167,16 @@ class Scheduler:
                 self._known_to_worker.add(request.request_id)
                 new_requests.append(NewRequest(request.request_id, request.prompt_token_ids, _spec(request)))
             start, real = request.num_computed_tokens, n - len(drafts)
-            tokens = request.token_slice(start, start + real) + drafts
+            proposed = bool(drafts) and drafts[0] == TO_PROPOSE  # the worker's draft model fills them
+            tokens = request.token_slice(start, start + real) + ([] if proposed else drafts)
             sample = start + real == request.num_tokens
             bitmask = self._draft_bitmasks.pop(request.request_id, None) if drafts else None
             if sample and request.grammar is not None and bitmask is None:  # one a row: the token's, then each draft's
                 bitmask = request.grammar.bitmask(self.vocab_size)
             chunks.append(ScheduledChunk(
                 request.request_id, tokens, start, self.kv.block_ids(request.request_id),
-                sample=sample, num_draft=len(drafts), grammar_bitmask=bitmask,
+                sample=sample, num_draft=0 if proposed else len(drafts), propose=len(drafts) if proposed else 0,
+                grammar_bitmask=bitmask,
             ))
         finished = []
         if chunks:  # an empty batch is never sent: keep the news for the next one

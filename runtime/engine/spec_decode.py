@@ -9,6 +9,10 @@ back the blocks of the rejected ones once the step is answered.
 ``prompt_lookup_min``) are looked up earlier in the request's own tokens, and the tokens that followed
 their most recent earlier occurrence are the draft. It pays where the output copies its input: edits,
 summaries, code, RAG answers.
+
+``draft_model`` runs a smaller model in the worker (``runtime.model.draft_proposer``); here it only
+reserves the slots, and the worker fills them at the start of the step. A request with a grammar is not
+drafted for by it (its drafts would reach the scheduler's grammar check too late).
 """
 from __future__ import annotations
 
@@ -16,8 +20,14 @@ from array import array
 from typing import Optional, Sequence
 
 
+# A draft slot whose token the worker's draft model proposes
+TO_PROPOSE = -1
+
+
 class NgramProposer:
     """Prompt lookup over a request's tokens (prompt and output), as vLLM's ``ngram`` method."""
+
+    in_worker = False
 
     def __init__(self, num_speculative_tokens: int, prompt_lookup_min: int, prompt_lookup_max: int) -> None:
         self.k, self.min_n, self.max_n = num_speculative_tokens, prompt_lookup_min, prompt_lookup_max
@@ -42,10 +52,24 @@ class NgramProposer:
         return []
 
 
-def make_proposer(config) -> Optional[NgramProposer]:
+class DraftSlots:
+    """``draft_model`` in the scheduler: k draft slots a decode, their tokens left to the worker."""
+
+    in_worker = True
+
+    def __init__(self, num_speculative_tokens: int) -> None:
+        self.k = num_speculative_tokens
+
+    def propose(self, tokens: Sequence[int], limit: Optional[int] = None) -> list[int]:
+        return [TO_PROPOSE] * (self.k if limit is None else min(self.k, limit))
+
+
+def make_proposer(config) -> Optional[NgramProposer | DraftSlots]:
     """The proposer of a ``runtime.config.SpeculativeConfig`` (None: speculative decoding is off)."""
     if config is None:
         return None
+    if config.method == "draft_model":
+        return DraftSlots(config.num_speculative_tokens)
     return NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max)
 
 

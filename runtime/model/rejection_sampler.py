@@ -7,10 +7,11 @@ would have had: the output so far and the drafts before it. Then, in order:
 
 - greedy: d_j is kept while it is row j - 1's argmax; the first row whose argmax differs gives that
   argmax instead, and if every draft is kept the last row gives one more token (the bonus);
-- sampled: the draft's distribution q is one-hot where the drafts are proposed without sampling (ngram),
-  so d_j is kept with probability min(1, p(d_j) / q(d_j)) = p(d_j), and a rejected draft is replaced by a
-  draw from the residual max(0, p - q) normalised: p without d_j. The tokens that come out are
-  distributed as the target's own samples would be.
+- sampled: d_j is kept with probability min(1, p(d_j) / q(d_j)), where q is the distribution the draft
+  was drawn from (a draft model's), or one-hot where it was proposed without sampling (ngram, or a
+  greedy draft model), making it p(d_j); a rejected draft is replaced by a draw from the residual
+  max(0, p - q) normalised (p without d_j where q is one-hot). The tokens that come out are distributed as
+  the target's own samples would be, whatever q is.
 
 The acceptance draws and the residual's noise come from the request's target stream: its own generator
 where it is seeded (so its output does not depend on the batch), else the sampler's. A request with a
@@ -28,10 +29,13 @@ from actorserve.runtime.model.sampler import Sampler, SamplingRow
 
 
 def verify(sampler: Sampler, logits: torch.Tensor, rows: list[SamplingRow], drafts: list[list[int]],
-           masks: Optional[list[Optional[torch.Tensor]]] = None
+           masks: Optional[list[Optional[torch.Tensor]]] = None,
+           draft_probs: Optional[list[Optional[torch.Tensor]]] = None,
            ) -> tuple[list[list[int]], list[list[Optional[TokenLogprobs]]]]:
     """``logits`` holds, request by request, the ``len(drafts[i]) + 1`` rows of request i; ``masks[i]``,
-    where given, the bool masks [rows, vocab] of what request i's grammar allows at each of them. Returns
+    where given, the bool masks [rows, vocab] of what request i's grammar allows at each of them;
+    ``draft_probs[i]``, where given, the distributions [drafts, vocab] request i's drafts were drawn from
+    (None: one-hot, the drafts were chosen without sampling). Returns
     each request's tokens (the drafts it kept, then one of the target's) and their logprobs (None where the
     request asked for none)."""
     expanded: list[SamplingRow] = []
@@ -44,7 +48,8 @@ def verify(sampler: Sampler, logits: torch.Tensor, rows: list[SamplingRow], draf
     tokens: list[list[int]] = []
     token_rows: list[int] = []  # the row each token that came out was drawn at, for its logprobs
     at = 0
-    for row, draft in zip(rows, drafts):
+    for i, (row, draft) in enumerate(zip(rows, drafts)):
+        q = draft_probs[i] if draft_probs is not None else None
         greedy = row.spec.temperature < 1e-5
         out: list[int] = []
         for j in range(len(draft) + 1):
@@ -57,12 +62,16 @@ def verify(sampler: Sampler, logits: torch.Tensor, rows: list[SamplingRow], draf
                 continue
             if j < len(draft):
                 d = draft[j]
-                if sampler.uniform(row.generator) < float(probs[r, d]):
+                p_d = float(probs[r, d])
+                if sampler.uniform(row.generator) < (p_d if q is None else p_d / float(q[j, d])):
                     out.append(d)
                     continue
-                residual = probs[r].clone()
-                residual[d] = 0.0
-                if float(residual.sum()) > 0.0:  # (else p(d) was 1 and the draft was kept above)
+                if q is None:
+                    residual = probs[r].clone()
+                    residual[d] = 0.0
+                else:
+                    residual = (probs[r] - q[j, :probs.shape[1]]).clamp_(min=0.0)
+                if float(residual.sum()) > 0.0:  # (else p <= q everywhere: p = q, and d was kept above)
                     out.append(sampler.draw(residual, row.generator))
                     break
                 out.append(d)

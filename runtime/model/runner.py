@@ -20,7 +20,7 @@ from actorserve.runtime.model.arch_config import ArchConfig
 from actorserve.runtime.model.decode_fast_path import DecodeFastPath
 from actorserve.runtime.model.decoder import CausalLM
 from actorserve.runtime.model.rejection_sampler import verify
-from actorserve.runtime.model.sampler import Sampler, SamplingRow, rank_logprobs
+from actorserve.runtime.model.sampler import Sampler, SamplingRow, noise_stream, rank_logprobs
 
 # Prompt logprobs turn this many rows at a time into logits: a long prompt's [rows, vocab] would not fit
 _PROMPT_LOGPROB_ROWS = 256
@@ -64,7 +64,7 @@ class ModelInputs:
 
 class ModelRunner:
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int, seed: int = 0,
-                 device: str = "cpu", fast_decode: bool = True) -> None:
+                 device: str = "cpu", fast_decode: bool = True, drafter=None) -> None:
         cfg = model.cfg
         self.model = model
         self.block_size = block_size
@@ -78,6 +78,8 @@ class ModelRunner:
         self.fast_decode = DecodeFastPath.build(model, self.backend) if fast_decode else None
         self.sampler = Sampler(seed)
         self._rows: dict[str, SamplingRow] = {}
+        # speculative decoding's draft model (runtime.model.draft_proposer), on the stage that samples
+        self.drafter = drafter
 
     def _backend_class(self, cfg: ArchConfig, dtype: torch.dtype) -> type:
         """The C decode kernel for bf16 models on CPUs that take it; the torch backend otherwise."""
@@ -92,10 +94,13 @@ class ModelRunner:
     def execute(self, batch: SchedulerOutput, hidden_in: Optional[torch.Tensor] = None):
         """The sampled tokens (a ModelRunnerOutput) on the last stage; elsewhere the hidden states that
         the next stage takes as ``hidden_in``."""
-        inputs = self.prepare_inputs(batch)
         if not self.is_last_stage:
-            return self.run_layers(inputs, hidden_in)
+            return self.run_layers(self.prepare_inputs(batch), hidden_in)
         self._update_states(batch)
+        draft_probs: dict[str, torch.Tensor] = {}
+        if self.drafter is not None:
+            batch, draft_probs = self.drafter.propose(batch, self._rows)
+        inputs = self.prepare_inputs(batch)
         hidden = self.run_layers(inputs, hidden_in)
         prompt_logprobs = self._prompt_logprobs(hidden, inputs)
         logits = self._logits(hidden, inputs.logits_indices)
@@ -104,7 +109,8 @@ class ModelRunner:
         for row, mask in zip(rows, masks):
             row.allowed = None if mask is None else mask[0]
         if inputs.drafts is not None:
-            tokens, logprobs = verify(self.sampler, logits, rows, inputs.drafts, masks)
+            tokens, logprobs = verify(self.sampler, logits, rows, inputs.drafts, masks,
+                                      [draft_probs.get(rid) for rid in inputs.sample_ids] if draft_probs else None)
         else:
             one, one_logprobs = self.sampler(logits, rows)
             tokens, logprobs = [[t] for t in one], [[lp] for lp in one_logprobs]
@@ -157,7 +163,7 @@ class ModelRunner:
             self._rows.pop(rid, None)
         for new in batch.new_requests:
             seed = new.sampling.seed
-            generator = None if seed is None else torch.Generator().manual_seed(seed)
+            generator = None if seed is None else noise_stream(seed, "target")
             self._rows[new.request_id] = SamplingRow(new.sampling, generator, list(new.prompt_token_ids), [])
 
     @torch.inference_mode()

@@ -4,9 +4,12 @@ Order follows vLLM: raw logprobs are taken first; then logit_bias, min_tokens ma
 greedy rows take the argmax; the rest are divided by temperature, filtered by min_p, top_k and top_p,
 and drawn by the exponential race (argmax of p / E, E ~ Exp(1)). A seeded request draws its noise from
 its own generator, one vector per token, so its output does not depend on what else is in the batch.
+Each role that draws noise for a request (the target's sampler, a draft model) has a stream of its own,
+seeded by the request's seed salted with the role (``stream_seed``): two roles never draw the same noise.
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Optional
 
@@ -28,9 +31,21 @@ class SamplingRow:
     allowed: Optional[torch.Tensor] = None
 
 
+def stream_seed(seed: int, role: str) -> int:
+    """The seed of ``role``'s noise stream ("target", "draft") for a request seeded ``seed``."""
+    return int.from_bytes(hashlib.blake2b(f"{role}:{seed}".encode(), digest_size=8).digest(), "little")
+
+
+def noise_stream(seed: int, role: str) -> torch.Generator:
+    return torch.Generator().manual_seed(stream_seed(seed, role))
+
+
 class Sampler:
-    def __init__(self, seed: int = 0) -> None:
-        self._generator = torch.Generator().manual_seed(seed)
+    """``seed`` seeds the stream of the requests that have no seed of their own, salted by ``role``: the
+    target's sampler, or a draft model's."""
+
+    def __init__(self, seed: int = 0, role: str = "target") -> None:
+        self._generator = noise_stream(seed, role)
 
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]):
         """logits [B, V] in the model's dtype -> (token ids [B] as a list, logprobs per row or None).
