@@ -252,6 +252,8 @@ class EngineCore:
                 return RequestStatus.FINISHED_STOPPED, None
             if token in params.stop_token_ids:
                 return RequestStatus.FINISHED_STOPPED, token
+        if request.grammar is not None and request.grammar.terminated():
+            return RequestStatus.FINISHED_STOPPED, None if token == request.eos_token_id else token
         if request.num_tokens >= request.max_total_tokens:
             return RequestStatus.FINISHED_LENGTH, None
         return None

@@ -174,6 +174,11 @@ class GrammarState:
     def accept(self, token: int) -> bool:
         return self.matcher is not None and self.matcher.accept(token)
 
+    def terminated(self) -> bool:
+        """The grammar took a stop token: the output is complete, and nothing may follow (even where
+        ignore_eos or min_tokens would go on)."""
+        return self.matcher is not None and self.matcher.is_terminated()
+
     def draft_bitmasks(self, drafts: list[int], vocab_size: int) -> tuple[list[int], bytes]:
         """For draft tokens (speculative decoding): the longest prefix the grammar takes (up to, not
         including, a token that would end it), and the bitmasks of the rows that verify them, one a row:

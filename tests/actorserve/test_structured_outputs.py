@@ -62,3 +62,13 @@ def test_drafts_the_grammar_forbids_are_cut_and_the_output_still_matches(llm):
         "regex": "( x z){10}"}), use_tqdm=False)[0].outputs[0]
     assert re.fullmatch("( x z){10}", out.text), out.text
     assert stats.num_accepted_tokens > kept_before  # the repetition of " x z" itself was drafted and kept
+
+
+def test_a_finished_grammar_ends_the_output_even_with_ignore_eos(llm):
+    """ignore_eos (or min_tokens) would go on past the grammar's stop token, where the grammar allows
+    nothing: the request stops there instead, as a stop."""
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True,
+                            structured_outputs={"choice": ["yes", "no"]})
+    out = llm.generate("Is the sky blue? Answer yes or no.", params, use_tqdm=False)[0].outputs[0]
+    assert out.text in ("yes", "no") and out.finish_reason == "stop"
+    assert llm.generate("Say hi.", SamplingParams(max_tokens=4), use_tqdm=False)[0].outputs[0].token_ids  # serving
