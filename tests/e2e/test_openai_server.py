@@ -117,8 +117,9 @@ async def test_64_streams_and_50_disconnects_leave_the_pool_free(server):
     aclient = openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key=API_KEY, max_retries=0)
 
     async def full(i):
+        # (ignore_eos: every stream runs its 16 tokens, whatever its seed samples)
         stream = await aclient.completions.create(model=MODEL, prompt=f"Story {i}:", max_tokens=16, temperature=0.8,
-                                                  seed=i, stream=True)
+                                                  seed=i, stream=True, extra_body={"ignore_eos": True})
         return [c async for c in stream]
 
     async def leave(i):
