@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
+from actorserve.kernels.attention.selector import NAMES as ATTENTION_BACKENDS
 from actorserve.kernels.capability import ISAS, CpuPaths, detect
 from actorserve.runtime.engine.sampling_params import MAX_N
 from actorserve.runtime.model.quantization import METHODS as QUANT_METHODS
@@ -235,7 +237,16 @@ class ParallelConfig:
 class DeviceConfig:
     """Where the model runs, and which of the CPU's fast paths it may take."""
 
-    device: str = option("cpu", "where the model runs", choices=("cpu",))
+    device: str = option("cpu", "where the model runs: cpu, cuda, cuda:N, or auto (CUDA where torch sees it)")
+    attention_backend: Optional[str] = option(None, f"force an attention backend ({', '.join(ATTENTION_BACKENDS)}); "
+                                                    "default: the device's best that serves the model",
+                                              choices=ATTENTION_BACKENDS)
+    # CUDA graphs of decode steps (runtime.model.cuda_graphs): vLLM's flags; --enforce-eager turns them off
+    max_cudagraph_capture_size: int = option(512, "the largest decode batch captured as a CUDA graph (also capped "
+                                                  "by max_num_seqs and max_num_batched_tokens)")
+    cudagraph_capture_sizes: Optional[tuple[int, ...]] = option(
+        None, "the decode batch sizes to capture, comma-separated (default 1, 2, 4, then multiples of 8)",
+        parse=lambda text: tuple(int(x) for x in text.split(",") if x.strip()))
     # Every capability gate sees a lesser CPU than this one: the paths of an AVX2-only or a generic
     # x86-64 machine, run on this one
     cpu_isa: Optional[str] = option(help="the fast paths of a lesser CPU than this one (as ACTORSERVE_CPU_ISA)",
@@ -246,10 +257,37 @@ class DeviceConfig:
     cpu_paths: Optional[CpuPaths] = option(None, cli=False)
 
     def validate(self) -> None:
-        if self.device != "cpu":
-            raise ValueError(f"device must be 'cpu', got {self.device!r}")
+        if not _DEVICE.fullmatch(self.device):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        if self.max_cudagraph_capture_size < 1:
+            raise ValueError(f"max_cudagraph_capture_size must be >= 1, got {self.max_cudagraph_capture_size}")
+        if self.cudagraph_capture_sizes is not None and any(s < 1 for s in self.cudagraph_capture_sizes):
+            raise ValueError(f"cudagraph_capture_sizes must be >= 1, got {self.cudagraph_capture_sizes}")
+        if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+        if self.device.startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ValueError(f"device {self.device!r}: torch sees no CUDA device (a CPU build of torch, or no "
+                                 "GPU); use --device cpu or auto")
+            index = int(self.device.partition(":")[2] or 0)
+            if index >= torch.cuda.device_count():
+                raise ValueError(f"device {self.device!r}: torch sees {torch.cuda.device_count()} CUDA devices")
         if self.cpu_isa is not None and self.cpu_isa not in ISAS:
             raise ValueError(f"cpu_isa (ACTORSERVE_CPU_ISA) must be one of {ISAS}, got {self.cpu_isa!r}")
+
+    def torch_device(self, stage: int = 0) -> str:
+        """The device pipeline stage ``stage`` runs on, as torch names it: ``auto`` resolved, and on CUDA
+        one GPU a stage from the one named (cuda: cuda:0, cuda:1, ...)."""
+        device = self.device
+        if device == "auto":
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "cpu":
+            return device
+        return f"cuda:{int(device.partition(':')[2] or 0) + stage}"
 
     def resolve(self) -> CpuPaths:
         """The capability gates' answer for this machine under this config."""
@@ -259,6 +297,7 @@ class DeviceConfig:
 
 
 _MODES = ("multiprocess", "inprocess")
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import Optional
 from actorserve.kernels import capability
 from actorserve.runtime.config import EngineConfig
 from actorserve.runtime.engine.core import EngineCore, ModelFacts
+from actorserve.runtime.model.cuda_graphs import capture_sizes
 from actorserve.runtime.model.draft_proposer import DraftModelProposer
 from actorserve.runtime.model.loader import LoadedModel, load_model, resolve_model_path
 from actorserve.runtime.model.runner import ModelRunner, kv_bytes_per_block
@@ -49,6 +50,7 @@ def load_worker(config: EngineConfig, with_tokenizer: bool, pp_rank: int = 0,
     m = config.model
     max_len = m.max_model_len
     paths = config.device.resolve()
+    device = config.device.torch_device(pp_rank)
     capability.use(paths)  # before any kernel is built or weight prepacked
     started, resident = time.perf_counter(), _resident_bytes()
     path = resolve_model_path(m.model)
@@ -57,7 +59,7 @@ def load_worker(config: EngineConfig, with_tokenizer: bool, pp_rank: int = 0,
              if config.parallel.pipeline_parallel_size > 1 else "")
     loaded = load_model(m.model, m.dtype, max_positions=max_len, tokenizer=m.tokenizer,
                         skip_tokenizer=m.skip_tokenizer_init or not with_tokenizer, pp_rank=pp_rank,
-                        pp_size=config.parallel.pipeline_parallel_size, quantization=m.quantization)
+                        pp_size=config.parallel.pipeline_parallel_size, quantization=m.quantization, device=device)
     if max_len is not None and max_len > loaded.cfg.max_position_embeddings:
         raise ValueError(f"max_model_len {max_len} exceeds the model's context length "
                          f"{loaded.cfg.max_position_embeddings}")
@@ -72,10 +74,16 @@ def load_worker(config: EngineConfig, with_tokenizer: bool, pp_rank: int = 0,
     blocks = num_kv_blocks(loaded, config, per_block)
     drafter = None
     if draft is not None:
-        drafter = DraftModelProposer(ModelRunner(draft.model, blocks, config.cache.block_size,
-                                                 fast_decode=not m.enforce_eager), seed=m.seed)
+        drafter = DraftModelProposer(ModelRunner(draft.model, blocks, config.cache.block_size, device=device,
+                                                 fast_decode=not m.enforce_eager,
+                                                 attention_backend=config.device.attention_backend), seed=m.seed)
+    d, s = config.device, config.scheduler
+    graph_sizes = capture_sizes(s.max_num_seqs, s.max_num_batched_tokens, d.max_cudagraph_capture_size,
+                                d.cudagraph_capture_sizes)
     runner = ModelRunner(loaded.model, blocks, config.cache.block_size, seed=m.seed, fast_decode=not m.enforce_eager,
-                         drafter=drafter)
+                         drafter=drafter, device=device, attention_backend=d.attention_backend,
+                         graph_sizes=graph_sizes)
+    runner.capture_graphs()
     log.info("%s; decode fast path: %s", paths.describe(), "on" if runner.fast_decode is not None else "off")
     log.info("KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB), allocated in %.2f s",
              blocks, config.cache.block_size, blocks * config.cache.block_size,
@@ -90,7 +98,7 @@ def _load_draft(config: EngineConfig, target: LoadedModel) -> Optional[LoadedMod
     if spec is None or spec.method != "draft_model":
         return None
     draft = load_model(spec.model, str(target.model.dtype).removeprefix("torch."), skip_tokenizer=True,
-                       quantization=spec.quantization)
+                       quantization=spec.quantization, device=config.device.torch_device(0))
     if draft.cfg.vocab_size != target.cfg.vocab_size:
         raise ValueError(f"the draft model {spec.model} has a vocabulary of {draft.cfg.vocab_size} tokens, the "
                          f"target {target.cfg.vocab_size}: a draft model must share the target's tokenizer")

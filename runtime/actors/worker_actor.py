@@ -36,6 +36,8 @@ class WorkerActor(Actor):
         self.runner = None
         self.sender = None
         self.staging = None
+        self.device = "cpu"
+        self.device_group = None  # NCCL between CUDA stages
 
     @property
     def is_last(self) -> bool:
@@ -67,8 +69,14 @@ class WorkerActor(Actor):
         p = self.config.parallel
         dist.init_process_group("gloo", init_method=f"tcp://{p.master_addr}:{p.master_port}", rank=self.rank,
                                 world_size=self.size, timeout=timedelta(seconds=self.config.runtime.start_timeout))
+        self.device = self.config.device.torch_device(self.rank)
+        if self.device.startswith("cuda"):  # hidden states over NCCL; the headers stay on gloo
+            import torch
+
+            torch.cuda.set_device(self.device)
+            self.device_group = dist.new_group(backend="nccl")
         if not self.is_last:
-            self.sender = TensorDictSender(dst=self.rank + 1)
+            self.sender = TensorDictSender(dst=self.rank + 1, device_group=self.device_group)
             self.staging = StagingBuffer(self.sender.pending)
         if self.rank > 0:
             loop = asyncio.get_running_loop()
@@ -81,7 +89,8 @@ class WorkerActor(Actor):
 
         while True:
             try:
-                message, tensors = recv_tensor_dict(self.rank - 1, Message)
+                message, tensors = recv_tensor_dict(self.rank - 1, Message, device_group=self.device_group,
+                                                    device=self.device)
             except Exception as exc:  # the previous stage is gone; supervision tears the engine down
                 log.warning("%s: pipeline receive ended: %s", self.name, exc)
                 return

@@ -42,7 +42,8 @@ class _DraftState:
 class DraftModelProposer:
     def __init__(self, runner, seed: int = 0) -> None:
         self.runner = runner  # the draft model's ModelRunner: its weights, KV cache and attention plans
-        self.sampler = Sampler(seed, role="draft")  # its shared stream serves the unseeded requests
+        # its shared stream serves the unseeded requests
+        self.sampler = Sampler(seed, role="draft", device=runner.device)
         self._states: dict[str, _DraftState] = {}
 
     @torch.inference_mode()
@@ -54,7 +55,8 @@ class DraftModelProposer:
             self._states.pop(rid, None)
         for new in batch.new_requests:
             seed = new.sampling.seed
-            self._states[new.request_id] = _DraftState(None if seed is None else noise_stream(seed, "draft"))
+            self._states[new.request_id] = _DraftState(
+                None if seed is None else noise_stream(seed, "draft", self.runner.device))
         feeds = [self._feed(chunk) for chunk in batch.chunks]
         proposing = [c for c in batch.chunks if c.propose > 0]
         logits = self._run(batch.step, feeds)
@@ -117,5 +119,6 @@ class DraftModelProposer:
         if not last_rows:
             self.runner.run_layers(inputs)  # its KV only
             return None
-        rows = torch.tensor([last_rows[c.request_id] for c in chunks if c.sample], dtype=torch.long)
+        rows = torch.tensor([last_rows[c.request_id] for c in chunks if c.sample], dtype=torch.long,
+                            device=self.runner.device)
         return self.runner.forward(dataclasses.replace(inputs, logits_indices=rows))

@@ -6,21 +6,27 @@ attention metadata, runs the model, and samples the requests whose chunk reached
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import mmap
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
-from actorserve.kernels.attention import AttentionMetadata, SequenceGroup, TorchRefBackend, cpu_decode
+from actorserve.kernels.attention import AttentionMetadata, SequenceGroup
+from actorserve.kernels.attention.selector import AttentionNeeds
+from actorserve.kernels.attention.selector import select as select_attention
 from actorserve.runtime.engine.batch import ModelRunnerOutput, PromptLogprobs, ScheduledChunk, SchedulerOutput
 from actorserve.runtime.engine.structured_outputs import bitmask_to_allowed
 from actorserve.runtime.model.arch_config import ArchConfig
+from actorserve.runtime.model.cuda_graphs import DecodeGraphs
 from actorserve.runtime.model.decode_fast_path import DecodeFastPath
 from actorserve.runtime.model.decoder import CausalLM
 from actorserve.runtime.model.rejection_sampler import verify
 from actorserve.runtime.model.sampler import Sampler, SamplingRow, noise_stream, rank_logprobs
+
+log = logging.getLogger("actorserve")
 
 # Prompt logprobs turn this many rows at a time into logits: a long prompt's [rows, vocab] would not fit
 _PROMPT_LOGPROB_ROWS = 256
@@ -64,28 +70,29 @@ class ModelInputs:
 
 class ModelRunner:
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int, seed: int = 0,
-                 device: str = "cpu", fast_decode: bool = True, drafter=None) -> None:
+                 device: str = "cpu", fast_decode: bool = True, drafter=None,
+                 attention_backend: Optional[str] = None, graph_sizes: Sequence[int] = ()) -> None:
         cfg = model.cfg
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.device = torch.device(device)
         dtype = model.dtype
-        self.backend = self._backend_class(cfg, dtype)(cfg.num_kv_heads, num_blocks, block_size)
+        needs = AttentionNeeds(self.device.type, dtype, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, block_size)
+        self.backend = select_attention(needs, attention_backend)(cfg.num_kv_heads, num_blocks, block_size)
         shape = self.backend.kv_cache_shape(num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.kv_caches = _zeroed_caches(shape, dtype, self.device, model.num_local_layers)
         # decode-only steps skip module dispatch where the model's kernels allow (None: every step eager)
         self.fast_decode = DecodeFastPath.build(model, self.backend) if fast_decode else None
-        self.sampler = Sampler(seed)
+        self.sampler = Sampler(seed, device=self.device)
         self._rows: dict[str, SamplingRow] = {}
         # speculative decoding's draft model (runtime.model.draft_proposer), on the stage that samples
         self.drafter = drafter
-
-    def _backend_class(self, cfg: ArchConfig, dtype: torch.dtype) -> type:
-        """The C decode kernel for bf16 models on CPUs that take it; the torch backend otherwise."""
-        if self.device.type == "cpu" and cpu_decode.supports(dtype, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim):
-            return cpu_decode.CpuDecodeBackend
-        return TorchRefBackend
+        # decode steps replayed from CUDA graphs (captured by ``capture_graphs``), where the backend allows
+        self.graphs: Optional[DecodeGraphs] = None
+        if self.device.type == "cuda" and fast_decode and graph_sizes and getattr(self.backend, "capturable", False):
+            self.graphs = DecodeGraphs(graph_sizes, self._capture, self._load_static, self._static_output)
+        self._static: Optional[dict[str, Any]] = None
 
     @property
     def is_last_stage(self) -> bool:
@@ -105,7 +112,8 @@ class ModelRunner:
         prompt_logprobs = self._prompt_logprobs(hidden, inputs)
         logits = self._logits(hidden, inputs.logits_indices)
         rows = [self._rows[rid] for rid in inputs.sample_ids]
-        masks = [None if b is None else bitmask_to_allowed(b, logits.shape[-1]) for b in inputs.grammar_bitmasks]
+        masks = [None if b is None else bitmask_to_allowed(b, logits.shape[-1]).to(logits.device)
+                 for b in inputs.grammar_bitmasks]
         for row, mask in zip(rows, masks):
             row.allowed = None if mask is None else mask[0]
         if inputs.drafts is not None:
@@ -163,11 +171,60 @@ class ModelRunner:
             self._rows.pop(rid, None)
         for new in batch.new_requests:
             seed = new.sampling.seed
-            generator = None if seed is None else noise_stream(seed, "target")
+            generator = None if seed is None else noise_stream(seed, "target", self.device)
             self._rows[new.request_id] = SamplingRow(new.sampling, generator, list(new.prompt_token_ids), [])
+
+    # -- CUDA graphs ------------------------------------------------------------------------------------------
+    def capture_graphs(self) -> None:
+        """Capture every decode size (at load, before serving); a model whose forward cannot be captured
+        runs eagerly, with a warning."""
+        if self.graphs is None:
+            return
+        rows = self.graphs.sizes[-1]
+        max_blocks = -(-self.model.rotary.cos.shape[0] // self.block_size)
+        self._static = {"input_ids": torch.zeros(rows, dtype=torch.long, device=self.device),
+                        "positions": torch.zeros(rows, dtype=torch.long, device=self.device),
+                        "plan": self.backend.static_plan(rows, max_blocks, self.device), "outputs": {}, "pool": None}
+        try:
+            self.graphs.capture_all()
+        except Exception as e:  # noqa: BLE001 - eager is always correct
+            log.warning("CUDA graph capture failed (%s); decode steps run eagerly", e)
+            self.graphs, self._static = None, None
+
+    @torch.inference_mode()
+    def _capture(self, size: int):
+        static = self._static
+        plan = type(static["plan"])(static["plan"].slot_mapping[:size], static["plan"].block_tables[:size],
+                                    static["plan"].token_seq[:size], static["plan"].token_pos[:size])
+        args = (static["input_ids"][:size], static["positions"][:size], self.kv_caches, plan, self.backend)
+        self.model(*args)  # once eagerly: triton compiles its kernels outside the capture
+        torch.cuda.synchronize(self.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=static["pool"]):
+            static["outputs"][size] = self.model(*args)
+        static["pool"] = graph.pool()
+        return graph
+
+    def _load_static(self, inputs: ModelInputs, size: int) -> None:
+        static, n = self._static, inputs.input_ids.shape[0]
+        static["input_ids"][:n].copy_(inputs.input_ids, non_blocking=True)
+        static["input_ids"][n:size].zero_()
+        static["positions"][:n].copy_(inputs.positions, non_blocking=True)
+        static["positions"][n:size].zero_()
+        self.backend.load_plan(static["plan"], inputs.meta, size)
+
+    def _static_output(self, size: int, n: int) -> torch.Tensor:
+        return self._static["outputs"][size][:n]
 
     @torch.inference_mode()
     def run_layers(self, inputs: ModelInputs, hidden_in: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if self.graphs is not None and hidden_in is None:
+            meta = inputs.meta
+            decode_only = getattr(meta, "token_seq", None) is not None and \
+                inputs.input_ids.shape[0] == meta.token_seq.shape[0] == meta.block_tables.shape[0]
+            return self.graphs.run(inputs, inputs.input_ids.shape[0], decode_only,
+                                   lambda: self.model(inputs.input_ids, inputs.positions, self.kv_caches, meta,
+                                                      self.backend, hidden_in))
         if self.fast_decode is not None and self.fast_decode.applies(inputs.meta):
             return self.fast_decode(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, hidden_in)
         return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, self.backend, hidden_in)

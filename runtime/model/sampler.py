@@ -36,16 +36,17 @@ def stream_seed(seed: int, role: str) -> int:
     return int.from_bytes(hashlib.blake2b(f"{role}:{seed}".encode(), digest_size=8).digest(), "little")
 
 
-def noise_stream(seed: int, role: str) -> torch.Generator:
-    return torch.Generator().manual_seed(stream_seed(seed, role))
+def noise_stream(seed: int, role: str, device: torch.device | str = "cpu") -> torch.Generator:
+    """A generator on ``device`` (where the noise it draws is used), seeded for ``role``."""
+    return torch.Generator(device=device).manual_seed(stream_seed(seed, role))
 
 
 class Sampler:
     """``seed`` seeds the stream of the requests that have no seed of their own, salted by ``role``: the
     target's sampler, or a draft model's."""
 
-    def __init__(self, seed: int = 0, role: str = "target") -> None:
-        self._generator = noise_stream(seed, role)
+    def __init__(self, seed: int = 0, role: str = "target", device: torch.device | str = "cpu") -> None:
+        self._generator = noise_stream(seed, role, device)
 
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]):
         """logits [B, V] in the model's dtype -> (token ids [B] as a list, logprobs per row or None).
@@ -76,7 +77,8 @@ class Sampler:
 
     def uniform(self, generator: Optional[torch.Generator]) -> float:
         """One draw from U[0, 1), from a seeded request's own stream or else the shared one."""
-        return float(torch.rand(1, generator=generator or self._generator))
+        generator = generator or self._generator
+        return float(torch.rand(1, generator=generator, device=generator.device))
 
     def draw(self, probs: torch.Tensor, generator: Optional[torch.Generator]) -> int:
         """A token from the (unnormalised) probabilities of one row, by the exponential race."""
@@ -97,12 +99,13 @@ class Sampler:
         noise = torch.empty_like(probs)
         shared = [i for i, row in enumerate(rows) if row.generator is None]
         if shared:
-            noise[shared] = torch.empty(len(shared), probs.shape[1]).exponential_(generator=self._generator)
+            noise[shared] = torch.empty(len(shared), probs.shape[1], device=probs.device).exponential_(
+                generator=self._generator)
         for i, row in enumerate(rows):
             if row.generator is not None:
                 noise[i].exponential_(generator=row.generator)
         sampled = (probs / noise).argmax(dim=-1)
-        return torch.where(torch.tensor(greedy), argmax, sampled)
+        return torch.where(torch.tensor(greedy, device=argmax.device), argmax, sampled)
 
 
 def _processed(logits: torch.Tensor, rows: list[SamplingRow]):
@@ -115,7 +118,8 @@ def _processed(logits: torch.Tensor, rows: list[SamplingRow]):
 
 def _probabilities(logits: torch.Tensor, rows: list[SamplingRow], greedy: list[bool]) -> torch.Tensor:
     """Processed logits to the probabilities a sampled row draws from (greedy rows at temperature 1)."""
-    temps = torch.tensor([1.0 if g else r.spec.temperature for r, g in zip(rows, greedy)], dtype=torch.float32)
+    temps = torch.tensor([1.0 if g else r.spec.temperature for r, g in zip(rows, greedy)], dtype=torch.float32,
+                         device=logits.device)
     logits = logits / temps[:, None]
     logits = _apply_min_p(logits, rows)
     logits = apply_top_k_top_p(logits, rows)
@@ -145,14 +149,15 @@ def _apply_bias_and_min_tokens(logits: torch.Tensor, rows: list[SamplingRow]) ->
         if not cloned:
             logits, cloned = logits.clone(), True
         if spec.logit_bias:
-            ids = torch.tensor(list(spec.logit_bias.keys()), dtype=torch.long)
-            logits[i].index_add_(0, ids, torch.tensor(list(spec.logit_bias.values()), dtype=logits.dtype))
+            ids = torch.tensor(list(spec.logit_bias.keys()), dtype=torch.long, device=logits.device)
+            logits[i].index_add_(0, ids, torch.tensor(list(spec.logit_bias.values()), dtype=logits.dtype,
+                                                      device=logits.device))
         if spec.allowed_token_ids is not None:
-            keep = torch.zeros(logits.shape[1], dtype=torch.bool)
-            keep[torch.tensor(spec.allowed_token_ids, dtype=torch.long)] = True
+            keep = torch.zeros(logits.shape[1], dtype=torch.bool, device=logits.device)
+            keep[torch.tensor(spec.allowed_token_ids, dtype=torch.long, device=logits.device)] = True
             logits[i].masked_fill_(~keep, float("-inf"))
         if banned:
-            logits[i, torch.tensor(banned, dtype=torch.long)] = float("-inf")
+            logits[i, torch.tensor(banned, dtype=torch.long, device=logits.device)] = float("-inf")
         if row.allowed is not None:  # the grammar's mask (its width is the model's vocabulary)
             logits[i, :row.allowed.shape[0]].masked_fill_(~row.allowed, float("-inf"))
     return logits
@@ -177,25 +182,26 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Ten
     logits = logits.clone()
     vocab = logits.shape[1]
     sub = logits[idx]
-    out_counts = torch.zeros(len(idx), vocab, dtype=torch.float32)
-    seen = torch.zeros(len(idx), vocab, dtype=torch.bool)
+    device = logits.device
+    out_counts = torch.zeros(len(idx), vocab, dtype=torch.float32, device=device)
+    seen = torch.zeros(len(idx), vocab, dtype=torch.bool, device=device)
     for j, i in enumerate(idx):
-        out = torch.tensor(rows[i].output_ids, dtype=torch.long)
-        out_counts[j].index_add_(0, out, torch.ones(len(out)))
-        seen[j, torch.tensor(rows[i].prompt_ids, dtype=torch.long)] = True
+        out = torch.tensor(rows[i].output_ids, dtype=torch.long, device=device)
+        out_counts[j].index_add_(0, out, torch.ones(len(out), device=device))
+        seen[j, torch.tensor(rows[i].prompt_ids, dtype=torch.long, device=device)] = True
     seen |= out_counts > 0
-    rep = torch.tensor([rows[i].spec.repetition_penalty for i in idx])[:, None]
+    rep = torch.tensor([rows[i].spec.repetition_penalty for i in idx], device=device)[:, None]
     penalised = torch.where(sub > 0, sub / rep, sub * rep)
     sub = torch.where(seen, penalised, sub)
-    freq = torch.tensor([rows[i].spec.frequency_penalty for i in idx])[:, None]
-    pres = torch.tensor([rows[i].spec.presence_penalty for i in idx])[:, None]
+    freq = torch.tensor([rows[i].spec.frequency_penalty for i in idx], device=device)[:, None]
+    pres = torch.tensor([rows[i].spec.presence_penalty for i in idx], device=device)[:, None]
     sub = sub - freq * out_counts - pres * (out_counts > 0).float()
     logits[idx] = sub
     return logits
 
 
 def _apply_min_p(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    min_p = torch.tensor([r.spec.min_p for r in rows], dtype=torch.float32)
+    min_p = torch.tensor([r.spec.min_p for r in rows], dtype=torch.float32, device=logits.device)
     if not bool((min_p > 0).any()):
         return logits
     probs = logits.softmax(dim=-1)
@@ -209,8 +215,16 @@ def apply_top_k_top_p(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Te
     p = torch.tensor([r.spec.top_p for r in rows], dtype=torch.float32)
     if bool((k == vocab).all()) and bool((p >= 1.0).all()):
         return logits
+    return top_k_top_p_mask(logits, k, p)
+
+
+def top_k_top_p_mask(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """logits [B, V] with what top-k (k [B], V: off) and then top-p (p [B], over what top-k keeps,
+    renormalised; 1: off) drop set to -inf; the most likely token always survives."""
+    vocab = logits.shape[1]
     sorted_logits, order = logits.sort(dim=-1, descending=True)
-    position = torch.arange(vocab)[None, :]
+    k, p = k.to(logits.device), p.to(logits.device)
+    position = torch.arange(vocab, device=logits.device)[None, :]
     drop = position >= k[:, None]
     probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
     before = probs.cumsum(dim=-1) - probs  # mass strictly above each token
@@ -234,7 +248,7 @@ def _finish_logprobs(state, tokens: list[int]) -> list[Optional[TokenLogprobs]]:
     out: list[Optional[TokenLogprobs]] = [None] * len(tokens)
     for n in {n for n in wanted if n is not None}:
         rows = [i for i, w in enumerate(wanted) if w == n]
-        chosen = torch.tensor([tokens[i] for i in rows], dtype=torch.long)
+        chosen = torch.tensor([tokens[i] for i in rows], dtype=torch.long, device=logprobs.device)
         values, ranks, top_ids, top_values = rank_logprobs(logprobs[rows], chosen, n)
         for j, i in enumerate(rows):
             out[i] = TokenLogprobs(logprob=values[j], rank=ranks[j], top_token_ids=top_ids[j],

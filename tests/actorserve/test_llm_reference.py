@@ -1,4 +1,6 @@
 """Acceptance: greedy output of the default model equals the transformers reference, batched and alone."""
+import pytest
+
 from actorserve import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=64)
@@ -37,7 +39,8 @@ def test_string_prompts_keep_input_order(smollm):
     assert all(len(o.outputs[0].token_ids) == 4 and o.finished for o in outs)
 
 
-def test_bfloat16_ranks_the_fp32_reference_tokens_first_up_to_rounding(greedy_reference):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_bfloat16_ranks_the_fp32_reference_tokens_first_up_to_rounding(greedy_reference, device):
     """bf16 (prepacked oneDNN products, the C attention and fused norms) cannot be exact against fp32, but a
     broken kernel shows at once. Fed the reference's own tokens, at each of the first 8 positions of every
     prompt bf16 ranks the fp32 reference's token first, or within 0.15 nats of its first: about one bf16
@@ -45,7 +48,7 @@ def test_bfloat16_ranks_the_fp32_reference_tokens_first_up_to_rounding(greedy_re
     puts "The" 0.08 nats above "L"; bf16 rounds both logits to one value). In one batch and alone."""
     from actorserve import LLM
 
-    llm = LLM(dtype="bfloat16", kv_cache_memory=128 << 20, max_model_len=2048)
+    llm = LLM(dtype="bfloat16", kv_cache_memory=128 << 20, max_model_len=2048, device=device)
     refs = greedy_reference["prompts"]
     cases = [(ref, k) for ref in refs for k in range(8)]
     params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=5)

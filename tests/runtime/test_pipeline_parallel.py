@@ -49,6 +49,20 @@ def test_stress_set_equals_pp1(six_layers, pp):
     assert got == expected
 
 
+@pytest.mark.cuda
+def test_two_gpu_stages_over_nccl_equal_one(six_layers):
+    """Each stage on its own GPU, the hidden states over NCCL (the headers over gloo)."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA devices")
+    prompts, params = stress_set(count=40)
+    args = dict(ARGS, device="cuda", dtype="bfloat16")
+    single = LLM(str(six_layers), **args)
+    expected = [o.outputs[0].token_ids for o in single.generate(prompts, params, use_tqdm=False)]
+    with LLM(str(six_layers), pipeline_parallel_size=2, **args) as piped:
+        got = [o.outputs[0].token_ids for o in piped.generate(prompts, params, use_tqdm=False)]
+    assert got == expected
+
+
 @pytest.mark.parametrize("pp", [2, 3])
 def test_reference_prompts_equal_pp1(greedy_reference, pp):
     with LLM(kv_cache_memory=64 << 20, max_model_len=1024, pipeline_parallel_size=pp) as llm:

@@ -204,9 +204,9 @@ def test_the_draft_and_the_target_draw_from_separate_streams(tiny_llama_dir, tin
 
     made = []
 
-    def recording(seed, role):
+    def recording(seed, role, device="cpu"):
         made.append((seed, role))
-        return noise_stream(seed, role)
+        return noise_stream(seed, role, device)
     engine = llm(tiny_llama_dir, tiny_draft_dir, k=2)
     for module in (runner, draft_proposer):
         monkeypatch.setattr(module, "noise_stream", recording)

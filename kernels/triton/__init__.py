@@ -1,0 +1,10 @@
+"""Triton kernels for the GPU workers: the row operations (RMSNorm with and without the residual add,
+SiLU-and-multiply), rotary + KV-cache write, unified paged attention (prefill chunks and decodes in one
+launch), a W4A16 GEMM over the GGUF files' 4-bit blocks, and top-k/top-p sampling.
+
+triton is an optional dependency (the ``cuda`` and ``test`` extras): nothing imports these modules until
+a triton path is chosen, and each one imports triton itself. Every kernel has its torch reference (the
+CPU path's own, where one exists) and a test against it; on a machine without a GPU the tests run the
+kernels on CPU tensors under ``TRITON_INTERPRET=1``, which must be set before a module is imported
+(triton decides at ``@triton.jit`` whether a kernel is interpreted).
+"""

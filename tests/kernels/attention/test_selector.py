@@ -1,0 +1,89 @@
+"""The attention backend selector, table-driven: for each model and machine (what is installed, whether
+the C kernels run), the backend it picks, or why a forced one cannot serve. The machine is faked by
+replacing each backend's own availability gate; the declarations and the priority are the real ones."""
+import dataclasses
+
+import pytest
+import torch
+
+from actorserve.kernels.attention import selector
+from actorserve.kernels.attention.selector import AttentionBackendError, AttentionNeeds, choose
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    def make(c_kernels=True, triton=True, flashinfer=True, interpreter=False):
+        gates = {"cpu_c": lambda n: None if c_kernels else "off",
+                 "triton": lambda n: (None if triton and (n.device == "cuda" or interpreter) else "no triton"),
+                 "flashinfer": lambda n: None if flashinfer else "flashinfer-python is not installed",
+                 "torch": lambda n: None}
+        patched = {name: dataclasses.replace(entry, available=gates[name]) for name, entry in selector.BACKENDS.items()}
+        monkeypatch.setattr(selector, "BACKENDS", patched)
+    return make
+
+
+def needs(device="cpu", dtype=torch.bfloat16, heads=8, kv_heads=2, head_dim=64, block_size=16, window=None,
+          capture=False):
+    return AttentionNeeds(device, dtype, heads, kv_heads, head_dim, block_size, window, capture)
+
+
+@pytest.mark.parametrize("case, machine_kw, expected", [
+    (needs(dtype=torch.float32), {}, "cpu_c"),
+    (needs(), {}, "cpu_c"),
+    (needs(), {"c_kernels": False}, "torch"),
+    (needs(dtype=torch.float16), {}, "torch"),  # the C kernels take bf16 and fp32
+    (needs(head_dim=80), {}, "torch"),  # ... head sizes that are multiples of 32
+    (needs(heads=32, kv_heads=1), {}, "torch"),  # ... up to 16 query heads a KV head
+    (needs(block_size=7), {}, "cpu_c"),  # any block size
+    (needs(device="cuda", head_dim=128), {}, "flashinfer"),
+    (needs(device="cuda", head_dim=96), {}, "triton"),  # FlashInfer: 64, 128, 256
+    (needs(device="cuda", dtype=torch.float32), {}, "triton"),  # FlashInfer: fp16, bf16
+    (needs(device="cuda", block_size=12), {}, "torch"),  # triton: powers of two; FlashInfer: 16, 32, 64
+    (needs(device="cuda"), {"flashinfer": False}, "triton"),
+    (needs(device="cuda"), {"flashinfer": False, "triton": False}, "torch"),
+    (needs(device="cuda", capture=True), {}, "triton"),  # graphs capture triton, not (yet) FlashInfer
+    (needs(device="cuda", window=4096), {}, "flashinfer"),  # the one with a sliding window
+    (needs(device="cuda", window=4096), {"flashinfer": False}, AttentionBackendError),
+    (needs(), {"c_kernels": False, "interpreter": True}, "torch"),  # triton serves the CPU only when forced
+])
+def test_the_selector_picks(machine, case, machine_kw, expected):
+    machine(**machine_kw)
+    if expected is AttentionBackendError:
+        with pytest.raises(AttentionBackendError, match="no attention backend"):
+            choose(case)
+    else:
+        assert choose(case) == expected
+
+
+@pytest.mark.parametrize("case, forced, machine_kw, why", [
+    (needs(), "torch", {}, None),
+    (needs(), "triton", {"interpreter": True}, None),
+    (needs(device="cuda"), "cpu_c", {}, "runs on cpu, not cuda"),
+    (needs(), "triton", {}, "no triton"),
+    (needs(dtype=torch.float16), "cpu_c", {}, "takes bfloat16, float32, not float16"),
+    (needs(device="cuda", head_dim=96), "flashinfer", {}, "head size of 96"),
+    (needs(device="cuda", capture=True), "flashinfer", {}, "CUDA graphs cannot capture it"),
+    (needs(), "xformers", {}, "unknown attention backend 'xformers'; known: flashinfer, triton, cpu_c, torch"),
+])
+def test_a_forced_backend_serves_or_says_why_not(machine, case, forced, machine_kw, why):
+    machine(**machine_kw)
+    if why is None:
+        assert choose(case, forced) == forced
+    else:
+        with pytest.raises(AttentionBackendError, match=why):
+            choose(case, forced)
+
+
+def test_the_real_gates_on_this_machine():
+    """Without patches: a CPU model takes the C kernels where they run, else torch; triton is refused
+    on the CPU outside its interpreter, and CUDA where torch sees none."""
+    from actorserve.kernels.attention import cpu_decode
+
+    assert selector.BACKENDS["cpu_c"].max_group == cpu_decode.MAX_GROUP  # the declaration is the C source's
+    expected = "cpu_c" if cpu_decode.available(torch.float32) else "torch"
+    assert choose(needs(dtype=torch.float32)) == expected
+    assert selector.select(needs(dtype=torch.float32)).__name__ == {"cpu_c": "CpuDecodeBackend",
+                                                                    "torch": "TorchRefBackend"}[expected]
+    if not torch.cuda.is_available():
+        with pytest.raises(AttentionBackendError, match="no attention backend serves this model on cuda"):
+            choose(needs(device="cuda", dtype=torch.float32, head_dim=100, block_size=12, window=8))

@@ -1,0 +1,60 @@
+"""RMSNorm (with and without the residual add), SiLU-and-multiply and rotary + KV write against their
+torch references, on small odd shapes (masked tails), in fp32 and bf16."""
+import pytest
+import torch
+
+from actorserve.kernels.attention import write_kv_ref
+from actorserve.kernels.elementwise import rms_norm_ref, rotary_ref, silu_mul_ref
+from actorserve.kernels.triton import rotary_kv, rows
+
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_and_the_residual_add(dtype, device):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 72, generator=g).to(device, dtype)
+    delta = torch.randn(5, 72, generator=g).to(device, dtype)
+    w = (1 + 0.1 * torch.randn(72, generator=g)).to(device, dtype)
+    torch.testing.assert_close(rows.rms_norm(x, w, 1e-6), rms_norm_ref(x, w, 1e-6), **TOL[dtype])
+    summed, normed = rows.rms_norm(x, w, 1e-6, delta=delta)
+    torch.testing.assert_close(summed, x + delta, **TOL[dtype])
+    torch.testing.assert_close(normed, rms_norm_ref(x + delta, w, 1e-6), **TOL[dtype])
+    assert not torch.equal(normed, rms_norm_ref(x, w, 1e-6))  # (the residual matters)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_and_mul(dtype, device):
+    x = torch.randn(3, 2, 2 * 1100, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+    out = rows.silu_mul(x)
+    assert out.shape == (3, 2, 1100)
+    torch.testing.assert_close(out, silu_mul_ref(x), **TOL[dtype])
+
+
+def _table(positions, d):
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    freqs = torch.cat([positions[:, None].float() * inv] * 2, dim=-1)
+    sin = freqs.sin()
+    return freqs.cos()[:, None, :], torch.cat([-sin[:, :d // 2], sin[:, d // 2:]], dim=-1)[:, None, :]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_fused_with_the_kv_write(dtype, device):
+    g = torch.Generator().manual_seed(2)
+    t, h, kvh, d, blocks, bs = 7, 4, 2, 48, 6, 4
+    qkv = torch.randn(t, (h + 2 * kvh) * d, generator=g).to(device, dtype)
+    q, k, v = (x.view(t, -1, d) for x in qkv.split([h * d, kvh * d, kvh * d], dim=-1))  # strided views
+    table = tuple(x.to(device, dtype) for x in _table(torch.tensor([0, 3, 9, 10, 11, 30, 31]), d))
+    slots = torch.tensor([5, 0, 23, 6, 7, 12, 13], device=device)
+    caches = [torch.zeros(kvh, blocks, bs, d, dtype=dtype, device=device) for _ in range(4)]
+    q_rot, k_rot = rotary_kv.rotary_and_write_kv(q, k, v, table, caches[0], caches[1], slots)
+    k_ref = rotary_ref(k, table)
+    torch.testing.assert_close(q_rot, rotary_ref(q, table), **TOL[dtype])
+    torch.testing.assert_close(k_rot, k_ref, **TOL[dtype])
+    write_kv_ref(caches[2], caches[3], k_ref, v, slots)
+    torch.testing.assert_close(caches[0], caches[2], **TOL[dtype])
+    assert torch.equal(caches[1], caches[3])  # values are copied as they are
+    # without a table: the write alone
+    rotary_kv.rotary_and_write_kv(q, k, v, None, caches[0], caches[1], slots)
+    write_kv_ref(caches[2], caches[3], k, v, slots)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])

@@ -1,0 +1,51 @@
+"""Top-k/top-p sampling against the CPU sampler's filter and race, and the W4A16 GEMM over GGUF Q4_0 /
+Q4_1 blocks against the product with the reference decoder's weights."""
+import numpy as np
+import pytest
+import torch
+
+from actorserve.kernels.triton.sampling import top_k_top_p_sample
+from actorserve.kernels.triton.w4a16 import LAYOUTS, w4a16_gemm
+from actorserve.runtime.model.gguf_dequant import dequantize
+from actorserve.runtime.model.sampler import top_k_top_p_mask
+
+
+def test_top_k_top_p_sampling_matches_the_sampler(device):
+    g = torch.Generator().manual_seed(0)
+    b, v = 24, 3000
+    logits = torch.randn(b, v, generator=g) * 3
+    noise = torch.empty(b, v).exponential_(generator=g)
+    top_k = torch.tensor([0, 1, 5, 50, 2999, 3000] * 4)
+    top_p = torch.tensor([1.0] * 6 + [0.9] * 6 + [0.5] * 6 + [0.05] * 6)
+    got = top_k_top_p_sample(logits.to(device), top_k, top_p, noise.to(device)).cpu()
+    masked = top_k_top_p_mask(logits, torch.where((top_k > 0) & (top_k < v), top_k, v), top_p)
+    expected = (masked.softmax(dim=-1) / noise).argmax(dim=-1)
+    assert torch.equal(got, expected)
+    assert len(set(got.tolist())) > 12  # (the rows differ: not one token for all)
+    assert got[1] == logits[1].argmax() and got[23] == logits[23].argmax()  # k = 1; a tiny p keeps the top
+
+
+def _blocks(type_name, n, k, rng):
+    """Random but valid blocks: fp16 scales (and minimums) of a sensible size, random nibbles."""
+    block_bytes, qs_at = LAYOUTS[type_name]
+    raw = rng.integers(0, 256, size=(n, k // 32, block_bytes), dtype=np.uint8)
+    raw[:, :, 0:2] = np.frombuffer(rng.uniform(0.01, 0.05, (n, k // 32)).astype(np.float16).tobytes(),
+                                   dtype=np.uint8).reshape(n, k // 32, 2)
+    if qs_at == 4:
+        raw[:, :, 2:4] = np.frombuffer(rng.uniform(-0.2, 0.0, (n, k // 32)).astype(np.float16).tobytes(),
+                                       dtype=np.uint8).reshape(n, k // 32, 2)
+    return raw.reshape(n, -1)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1"])
+@pytest.mark.parametrize("m", [1, 5])
+def test_w4a16_gemm_over_the_files_blocks(type_name, m, device):
+    rng = np.random.default_rng(1)
+    n, k = 40, 96
+    raw = _blocks(type_name, n, k, rng)
+    weight = dequantize(raw.reshape(-1), type_name, (n, k))
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(2))
+    got = w4a16_gemm(x.to(device), torch.from_numpy(raw).to(device), type_name).cpu()
+    torch.testing.assert_close(got, x @ weight.T, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="uint8"):
+        w4a16_gemm(x, torch.from_numpy(raw)[:, :-1], type_name)
