@@ -1,6 +1,7 @@
 """The row operations of a decoder layer (RMSNorm, residual add + RMSNorm, SiLU-and-multiply, rotary) and
 the greedy sampler's row argmax: a C path for bf16 and fp32 rows on CPUs with AVX2 or AVX-512 BF16
-(``cpu_rows``), and torch references, which are also the path for every other dtype and device. In bf16
+(``cpu_rows``), triton kernels for rows on a GPU (``kernels.triton.rows``, where triton is installed),
+and torch references, which are also the path for everything else. In bf16
 the C path rounds where torch's sequence rounds, so it is torch's to the bit; in fp32 only the order of a
 norm's sum of squares and the last bit of exp differ from torch's."""
 from __future__ import annotations
@@ -9,6 +10,22 @@ import torch
 from torch.nn import functional as F
 
 from actorserve.kernels.elementwise import cpu_rows
+
+_triton_rows = None  # kernels.triton.rows once a CUDA tensor has asked for it (False: triton is not installed)
+
+
+def _on_triton(x: torch.Tensor):
+    """The triton row kernels for a tensor on a GPU, where triton is installed; else None."""
+    global _triton_rows
+    if not x.is_cuda:
+        return None
+    if _triton_rows is None:
+        try:
+            from actorserve.kernels.triton import rows as _rows
+        except ImportError:
+            _rows = False
+        _triton_rows = _rows
+    return _triton_rows or None
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -37,6 +54,8 @@ def rotary(x: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor]) -> torch.T
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if (gpu := _on_triton(x)) is not None:
+        return gpu.rms_norm(x, weight, eps)
     if cpu_rows.applies(x, weight):
         return cpu_rows.rms_norm(x, weight, eps)
     return rms_norm_ref(x, weight, eps)
@@ -45,6 +64,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + delta, rms_norm(x + delta)): the residual stream and the next sublayer's input."""
+    if (gpu := _on_triton(x)) is not None:
+        return gpu.rms_norm(x, weight, eps, delta=delta)
     if cpu_rows.applies(x, weight, delta):
         return cpu_rows.add_rms_norm(x, delta, weight, eps)
     h = x + delta
@@ -52,6 +73,8 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    if (gpu := _on_triton(gate_up)) is not None:
+        return gpu.silu_mul(gate_up)
     if cpu_rows.applies(gate_up):
         return cpu_rows.silu_mul(gate_up)
     return silu_mul_ref(gate_up)

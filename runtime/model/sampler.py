@@ -95,17 +95,41 @@ class Sampler:
 
     def _sample(self, logits: torch.Tensor, rows: list[SamplingRow], greedy: list[bool]) -> torch.Tensor:
         argmax = logits.argmax(dim=-1)
-        probs = _probabilities(logits, rows, greedy)
-        noise = torch.empty_like(probs)
+        noise = torch.empty_like(logits)
         shared = [i for i, row in enumerate(rows) if row.generator is None]
         if shared:
-            noise[shared] = torch.empty(len(shared), probs.shape[1], device=probs.device).exponential_(
+            noise[shared] = torch.empty(len(shared), logits.shape[1], device=logits.device).exponential_(
                 generator=self._generator)
         for i, row in enumerate(rows):
             if row.generator is not None:
                 noise[i].exponential_(generator=row.generator)
-        sampled = (probs / noise).argmax(dim=-1)
+        kernel = _triton_sampling(logits)
+        if kernel is not None:  # top-k / top-p and the race in one launch, on the same noise
+            scaled = _apply_min_p(_scaled(logits, rows, greedy), rows)
+            vocab = logits.shape[1]
+            k = torch.tensor([r.spec.top_k if 0 < r.spec.top_k < vocab else 0 for r in rows], device=logits.device)
+            p = torch.tensor([r.spec.top_p for r in rows], dtype=torch.float32, device=logits.device)
+            sampled = kernel.top_k_top_p_sample(scaled, k, p, noise)
+        else:
+            sampled = (_probabilities(logits, rows, greedy) / noise).argmax(dim=-1)
         return torch.where(torch.tensor(greedy, device=argmax.device), argmax, sampled)
+
+
+_triton = None  # kernels.triton.sampling once a GPU's logits asked for it (False: triton is not installed)
+
+
+def _triton_sampling(logits: torch.Tensor):
+    """The triton sampling kernel for logits on a GPU, where triton is installed; else None."""
+    global _triton
+    if not logits.is_cuda:
+        return None
+    if _triton is None:
+        try:
+            from actorserve.kernels.triton import sampling as _module
+        except ImportError:
+            _module = False
+        _triton = _module
+    return _triton or None
 
 
 def _processed(logits: torch.Tensor, rows: list[SamplingRow]):
@@ -116,12 +140,16 @@ def _processed(logits: torch.Tensor, rows: list[SamplingRow]):
     return _apply_penalties(logits, rows), logprobs
 
 
-def _probabilities(logits: torch.Tensor, rows: list[SamplingRow], greedy: list[bool]) -> torch.Tensor:
-    """Processed logits to the probabilities a sampled row draws from (greedy rows at temperature 1)."""
+def _scaled(logits: torch.Tensor, rows: list[SamplingRow], greedy: list[bool]) -> torch.Tensor:
+    """Processed logits over each row's temperature (greedy rows at temperature 1)."""
     temps = torch.tensor([1.0 if g else r.spec.temperature for r, g in zip(rows, greedy)], dtype=torch.float32,
                          device=logits.device)
-    logits = logits / temps[:, None]
-    logits = _apply_min_p(logits, rows)
+    return logits / temps[:, None]
+
+
+def _probabilities(logits: torch.Tensor, rows: list[SamplingRow], greedy: list[bool]) -> torch.Tensor:
+    """Processed logits to the probabilities a sampled row draws from (greedy rows at temperature 1)."""
+    logits = _apply_min_p(_scaled(logits, rows, greedy), rows)
     logits = apply_top_k_top_p(logits, rows)
     return logits.softmax(dim=-1)
 

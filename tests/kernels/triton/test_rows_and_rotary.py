@@ -58,3 +58,28 @@ def test_rotary_fused_with_the_kv_write(dtype, device):
     rotary_kv.rotary_and_write_kv(q, k, v, None, caches[0], caches[1], slots)
     write_kv_ref(caches[2], caches[3], k, v, slots)
     assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+
+
+def test_the_models_row_operations_take_the_triton_kernels_on_a_gpu(tiny_llama_dir, monkeypatch, device):
+    """On a GPU the model's norms and activation go to these kernels (``kernels.elementwise``): here the
+    route is opened for CPU tensors too, and a tiny Llama's logits match the torch path's."""
+    from actorserve.kernels import elementwise
+    from actorserve.runtime.engine.batch import ScheduledChunk, SchedulerOutput
+    from actorserve.runtime.model.loader import load_model
+    from actorserve.runtime.model.runner import ModelRunner
+
+    model = load_model(str(tiny_llama_dir), "float32", skip_tokenizer=True, device=device).model
+    step = SchedulerOutput(1, [], [ScheduledChunk("a", [5, 9, 2, 77, 31], 0, [1], True)], [])
+    runner = ModelRunner(model, 4, 16, fast_decode=False, attention_backend="torch", device=device)
+    monkeypatch.setattr(elementwise, "_on_triton", lambda x: None)
+    expected = runner.forward(runner.prepare_inputs(step))
+    calls = []
+
+    class Counting:
+        def __getattr__(self, name):
+            calls.append(name)
+            return getattr(rows, name)
+    monkeypatch.setattr(elementwise, "_on_triton", lambda x: Counting())
+    got = runner.forward(runner.prepare_inputs(step))
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    assert {"rms_norm", "silu_mul"} <= set(calls)
