@@ -132,7 +132,8 @@ def save_tiny_model(kind: str, directory: Path, seed: int = 0, **overrides) -> P
                   pad_token_id=None)
     common.update(overrides)
     klass = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
-             "qwen3": transformers.Qwen3Config}[kind]
+             "qwen3": transformers.Qwen3Config, "mistral": transformers.MistralConfig,
+             "phi3": transformers.Phi3Config}[kind]
     config = klass(**common)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)

@@ -2,7 +2,8 @@
 vLLM's ``vllm bench serve`` flags and result keys, so a user's scripts and dashboards keep working.
 
 Streams ``/v1/completions`` (``--backend openai``) or ``/v1/chat/completions`` (``--backend openai-chat``),
-each request asking for exactly its output length (``ignore_eos``), at a Poisson ``--request-rate`` or with
+each request asking for exactly its output length (``ignore_eos``; ``--no-ignore-eos``: up to it, to the
+model's own end, as a copy-heavy workload's answers need), at a Poisson ``--request-rate`` or with
 at most ``--max-concurrency`` in flight. Datasets (``--dataset-name``): ``random`` (random token ids of
 ``--random-input-len``, sent as ids to completions and decoded to text for chat), ``sharegpt`` (the first
 human turn of each conversation, the reply's length as the output length) and ``custom`` (JSONL of
@@ -97,10 +98,11 @@ def make_requests(args) -> list[BenchRequest]:
     return requests
 
 
-async def one_request(url: str, headers: dict, model: str, request: BenchRequest, chat: bool) -> RequestResult:
+async def one_request(url: str, headers: dict, model: str, request: BenchRequest, chat: bool,
+                      ignore_eos: bool = True) -> RequestResult:
     result = RequestResult(ok=False, prompt_len=request.prompt_len)
     payload = {"model": model, "max_tokens": request.output_len, "temperature": 0.0, "stream": True,
-               "stream_options": {"include_usage": True}, "ignore_eos": True}
+               "stream_options": {"include_usage": True}, "ignore_eos": ignore_eos}
     if chat:
         payload["messages"] = [{"role": "user", "content": request.prompt}]
     else:
@@ -146,10 +148,10 @@ async def run_load(args, requests: list[BenchRequest], concurrency: Optional[int
 
     async def guarded(request):
         if limit is None:
-            r = await one_request(url, headers, args.model, request, chat)
+            r = await one_request(url, headers, args.model, request, chat, args.ignore_eos)
         else:
             async with limit:
-                r = await one_request(url, headers, args.model, request, chat)
+                r = await one_request(url, headers, args.model, request, chat, args.ignore_eos)
         bar.update(1)
         return r
 
@@ -273,6 +275,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token-high", type=int, default=20000)
     p.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s, Poisson; inf: all at once")
     p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
+                   help="each request runs its whole output length (--no-ignore-eos: up to the model's end)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--percentile-metrics", default="ttft,tpot,itl,e2el",
                    help="comma-separated, of ttft, tpot, itl, e2el")

@@ -4,12 +4,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-SUPPORTED = ("llama", "qwen2", "qwen3")
+from actorserve.runtime.model.registry import NAMES as SUPPORTED
+from actorserve.runtime.model.registry import family_of_hf
 
 
 @dataclass(frozen=True)
 class ArchConfig:
-    arch: str  # "llama", "qwen2", "qwen3"
+    arch: str  # a family of ``runtime.model.registry``
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -25,6 +26,7 @@ class ArchConfig:
     qk_norm: bool = False  # RMSNorm on each head of q and k before rotary (Qwen3)
     rope_scaling: Optional[dict[str, Any]] = field(default=None, hash=False)
     eos_token_id: Optional[int] = None
+    fused_checkpoint: bool = False  # the checkpoint stores qkv_proj and gate_up_proj fused, as we do (Phi-3)
 
     def __post_init__(self) -> None:
         if self.arch not in SUPPORTED:
@@ -34,14 +36,20 @@ class ArchConfig:
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> "ArchConfig":
-        model_type = cfg.get("model_type", "")
+        family = family_of_hf(cfg).name
         heads = cfg["num_attention_heads"]
+        window = cfg.get("sliding_window")
+        if family in ("mistral", "phi3") and window is not None and window < cfg.get("max_position_embeddings", 0):
+            raise ValueError(f"a sliding window of {window} tokens (shorter than the model's "
+                             f"{cfg.get('max_position_embeddings')} positions) is not supported yet")
+        if float(cfg.get("partial_rotary_factor", 1.0)) != 1.0:
+            raise ValueError(f"partial rotary (factor {cfg['partial_rotary_factor']}) is not supported yet")
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
         eos = cfg.get("eos_token_id")
         return cls(
-            arch=model_type,
+            arch=family,
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
             intermediate_size=cfg["intermediate_size"],
@@ -53,8 +61,9 @@ class ArchConfig:
             rope_theta=float(theta),
             max_position_embeddings=cfg.get("max_position_embeddings", 2048),
             tie_word_embeddings=cfg.get("tie_word_embeddings", False),
-            attention_bias=cfg.get("attention_bias", model_type == "qwen2"),
-            qk_norm=model_type == "qwen3",
+            attention_bias=cfg.get("attention_bias", family == "qwen2"),
+            qk_norm=family == "qwen3",
             rope_scaling=dict(rope) if rope_type not in ("default", None) else None,
             eos_token_id=eos[0] if isinstance(eos, list) else eos,
+            fused_checkpoint=family == "phi3",
         )

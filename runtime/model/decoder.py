@@ -153,7 +153,8 @@ class CausalLM(nn.Module):
         layout = {}
         sizes = [(name, p.shape[0]) for name, p in self.named_parameters()]
         for name, rows in sizes + [(name, w.out_features) for name, w in self._held_blocks().items()]:
-            fused = next(((f, parts) for f, parts in shards.items() if f".{f}." in name), None)
+            fused = None if cfg.fused_checkpoint else \
+                next(((f, parts) for f, parts in shards.items() if f".{f}." in name), None)
             if fused is None:
                 layout[name] = (name, 0, rows)
                 continue

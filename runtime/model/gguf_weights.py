@@ -16,6 +16,7 @@ import torch
 from actorserve.runtime.errors import ModelLoadError
 from actorserve.runtime.model.arch_config import ArchConfig
 from actorserve.runtime.model.gguf_dequant import dequantize
+from actorserve.runtime.model.registry import family_of_gguf
 from actorserve.runtime.model.gguf_file import GGUFFile, TensorInfo
 
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
@@ -51,8 +52,7 @@ def _field(reader: GGUFFile, key: str, default=None):
 
 def read_config(reader: GGUFFile) -> ArchConfig:
     arch = _field(reader, "general.architecture")
-    if arch not in ("llama", "qwen2", "qwen3"):
-        raise ModelLoadError(f"unsupported GGUF architecture {arch!r}; supported: llama, qwen2, qwen3")
+    family_of_gguf(arch)  # ModelLoadError naming what is supported
     a = lambda key, default=None: _field(reader, f"{arch}.{key}", default)  # noqa: E731
     names = {t.name for t in reader.tensors}
     vocab = a("vocab_size") or len(reader.fields.get("tokenizer.ggml.tokens", ()))

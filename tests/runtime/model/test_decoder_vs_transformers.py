@@ -1,4 +1,5 @@
-"""Acceptance: tiny random Llama/Qwen2/Qwen3 logits equal transformers' through prefill and 16 decodes."""
+"""Acceptance: tiny random Llama/Mistral/Qwen2/Qwen3/Phi-3 logits equal transformers' through prefill and 16
+decodes."""
 import pytest
 import torch
 
@@ -13,6 +14,8 @@ FAMILIES = {
                   rope_theta=50000.0),
     "qwen2": dict(tie_word_embeddings=True),
     "qwen3": dict(head_dim=32, attention_bias=False),
+    "mistral": dict(sliding_window=None),
+    "phi3": dict(pad_token_id=None, tie_word_embeddings=True),
 }
 PROMPT_LENS = (5, 17, 33, 2, 48)
 DECODE_STEPS = 16
