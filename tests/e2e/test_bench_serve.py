@@ -38,6 +38,20 @@ def test_bench_serve_counts_every_token(server, tmp_path):
     assert result["p99_e2el_ms"] >= result["median_e2el_ms"] > 0
 
 
+def test_without_ignore_eos_an_answer_ends_where_the_model_ends_it(server, tmp_path):
+    """The chat prompt "Say hi." is answered in a few tokens and EOS, well under 60."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "Say hi."}) + "\n")
+    args = args_for(server, tmp_path, backend="openai-chat", dataset_name="custom", dataset_path=prompts,
+                    num_prompts=1, output_len=60)
+    args.ignore_eos = False
+    assert bench_serve.main(args) == 0
+    assert 0 < json.loads((tmp_path / "result.json").read_text())["total_output_tokens"] < 60
+    args.ignore_eos = True
+    assert bench_serve.main(args) == 0
+    assert json.loads((tmp_path / "result.json").read_text())["total_output_tokens"] == 60
+
+
 def test_vllm_bench_serve_flags_and_result_keys(server, tmp_path):
     """The flags of ``vllm bench serve`` and its JSON keys: chat backend, custom and sharegpt datasets,
     percentiles, --save-result into --result-dir."""
