@@ -50,7 +50,8 @@ def family_of_hf(config: dict[str, Any]) -> Family:
         for family in FAMILIES:
             if model_type in family.hf_model_types:
                 return family
-    raise ModelLoadError(f"unsupported architecture {', '.join(named) or model_type!r}; supported: {supported()}")
+    what = ", ".join(named) or repr(model_type)
+    raise ModelLoadError(f"unsupported architecture {what}; supported: {supported()}")
 
 
 def family_of_gguf(arch: str) -> Family:
