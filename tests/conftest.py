@@ -133,13 +133,14 @@ def save_tiny_model(kind: str, directory: Path, seed: int = 0, **overrides) -> P
     common.update(overrides)
     klass = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
              "qwen3": transformers.Qwen3Config, "mistral": transformers.MistralConfig,
-             "phi3": transformers.Phi3Config}[kind]
+             "phi3": transformers.Phi3Config, "qwen3_moe": transformers.Qwen3MoeConfig,
+             "qwen2_moe": transformers.Qwen2MoeConfig, "mixtral": transformers.MixtralConfig}[kind]
     config = klass(**common)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
     with torch.no_grad():  # spread the logits so greedy choices are far from ties
         for p in model.parameters():
-            if p.dim() == 2:
+            if p.dim() >= 2:  # (MoE experts are stacked, 3-D)
                 p.normal_(0.0, 0.08)
     model.save_pretrained(directory)
     return directory

@@ -27,6 +27,15 @@ class ArchConfig:
     rope_scaling: Optional[dict[str, Any]] = field(default=None, hash=False)
     eos_token_id: Optional[int] = None
     fused_checkpoint: bool = False  # the checkpoint stores qkv_proj and gate_up_proj fused, as we do (Phi-3)
+    # mixture of experts (runtime.model.moe): the layers whose MLP is sparse, and its shape
+    sparse_layers: tuple[int, ...] = ()
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False  # renormalise the top-k routing weights to sum to 1
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's shared expert (0: none)
+    moe_prefix: str = "mlp"  # where the checkpoint keeps a sparse MLP's tensors, under its layer
+    expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # each expert's gate, up, down
 
     def __post_init__(self) -> None:
         if self.arch not in SUPPORTED:
@@ -39,7 +48,8 @@ class ArchConfig:
         family = family_of_hf(cfg).name
         heads = cfg["num_attention_heads"]
         window = cfg.get("sliding_window")
-        if family in ("mistral", "phi3") and window is not None and window < cfg.get("max_position_embeddings", 0):
+        if family in ("mistral", "phi3", "mixtral") and window is not None and \
+                window < cfg.get("max_position_embeddings", 0):
             raise ValueError(f"a sliding window of {window} tokens (shorter than the model's "
                              f"{cfg.get('max_position_embeddings')} positions) is not supported yet")
         if float(cfg.get("partial_rotary_factor", 1.0)) != 1.0:
@@ -48,7 +58,9 @@ class ArchConfig:
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
         eos = cfg.get("eos_token_id")
+        moe = _moe_fields(family, cfg)
         return cls(
+            **moe,
             arch=family,
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
@@ -61,9 +73,28 @@ class ArchConfig:
             rope_theta=float(theta),
             max_position_embeddings=cfg.get("max_position_embeddings", 2048),
             tie_word_embeddings=cfg.get("tie_word_embeddings", False),
-            attention_bias=cfg.get("attention_bias", family == "qwen2"),
-            qk_norm=family == "qwen3",
+            attention_bias=cfg.get("attention_bias", family in ("qwen2", "qwen2_moe")),
+            qk_norm=family in ("qwen3", "qwen3_moe"),
             rope_scaling=dict(rope) if rope_type not in ("default", None) else None,
             eos_token_id=eos[0] if isinstance(eos, list) else eos,
             fused_checkpoint=family == "phi3",
         )
+
+
+def _moe_fields(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The sparse-MLP fields of ArchConfig for an MoE family's config.json (none for a dense one)."""
+    layers = cfg["num_hidden_layers"]
+    if family == "mixtral":
+        return dict(sparse_layers=tuple(range(layers)), num_experts=cfg["num_local_experts"],
+                    num_experts_per_tok=cfg["num_experts_per_tok"], moe_intermediate_size=cfg["intermediate_size"],
+                    norm_topk_prob=True, moe_prefix="block_sparse_moe", expert_names=("w1", "w3", "w2"))
+    if family not in ("qwen3_moe", "qwen2_moe"):
+        return {}
+    experts = cfg["num_experts"] if "num_experts" in cfg else cfg["num_local_experts"]  # (transformers 5 names it so)
+    step = cfg.get("decoder_sparse_step", 1) or 1
+    dense = set(cfg.get("mlp_only_layers") or [])
+    return dict(sparse_layers=tuple(i for i in range(layers) if i not in dense and experts and (i + 1) % step == 0),
+                num_experts=experts, num_experts_per_tok=cfg["num_experts_per_tok"],
+                moe_intermediate_size=cfg["moe_intermediate_size"], norm_topk_prob=bool(cfg.get("norm_topk_prob")),
+                shared_expert_intermediate_size=cfg.get("shared_expert_intermediate_size", 0)
+                if family == "qwen2_moe" else 0)

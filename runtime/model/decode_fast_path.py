@@ -337,7 +337,8 @@ class DecodeFastPath:
         ew, attn = cpu_rows.library(dtype), cpu_decode.library(dtype)
         if (ew is None or attn is None or not isinstance(backend, cpu_decode.CpuDecodeBackend)
                 or next(model.parameters()).device.type != "cpu"
-                or model.rotary is None or model.num_local_layers == 0 or not hasattr(model, "decode_plan")):
+                or model.rotary is None or model.num_local_layers == 0 or not hasattr(model, "decode_plan")
+                or model.cfg.sparse_layers):  # (sparse MLPs have no decode plan yet: the module path serves them)
             return None
         planner = DecodePlanner(model.cfg.hidden_size, dtype, ew, attn,
                                 int8.library() if dtype == torch.bfloat16 else None)

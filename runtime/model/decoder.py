@@ -16,6 +16,7 @@ from actorserve.kernels.attention import AttentionBackend
 from actorserve.kernels.gemm import GgufQ8Weight, GgufWeight, PreparedWeight, linear, prepacked
 from actorserve.runtime.model.arch_config import ArchConfig
 from actorserve.runtime.model.layers import Embedding, GatedMLP, Linear, RMSNorm, RotaryEmbedding, apply_rotary, rope_inv_freq
+from actorserve.runtime.model.moe import SparseMoE
 
 
 class Attention(nn.Module):
@@ -54,12 +55,16 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ArchConfig) -> None:
+    def __init__(self, cfg: ArchConfig, index: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+        if index in cfg.sparse_layers:
+            self.mlp = SparseMoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts,
+                                 cfg.num_experts_per_tok, cfg.norm_topk_prob, cfg.shared_expert_intermediate_size)
+        else:
+            self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, x, residual, rope, kv_cache, meta, backend):
         """The residual stream is ``residual + x`` (just ``x`` at the first layer, where residual is None):
@@ -117,7 +122,7 @@ class DecoderBody(nn.Module):
                                           _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
                              if stage.first or tied_head else None)
         # Keyed by the global layer index, so parameter names match the checkpoint on every stage.
-        self.layers = nn.ModuleDict({str(i): DecoderLayer(cfg) for i in range(stage.start, stage.end)})
+        self.layers = nn.ModuleDict({str(i): DecoderLayer(cfg, i) for i in range(stage.start, stage.end)})
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if stage.last else None
 
 
@@ -147,12 +152,19 @@ class CausalLM(nn.Module):
         parameters take several checkpoint tensors, each a row range."""
         cfg = self.cfg
         q, kv, inter = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
+        shared = cfg.shared_expert_intermediate_size
         shards = {"self_attn.qkv_proj": [("self_attn.q_proj", 0, q), ("self_attn.k_proj", q, q + kv),
                                          ("self_attn.v_proj", q + kv, q + 2 * kv)],
-                  "mlp.gate_up_proj": [("mlp.gate_proj", 0, inter), ("mlp.up_proj", inter, 2 * inter)]}
+                  "mlp.gate_up_proj": [("mlp.gate_proj", 0, inter), ("mlp.up_proj", inter, 2 * inter)],
+                  "mlp.shared_expert.gate_up_proj": [("mlp.shared_expert.gate_proj", 0, shared),
+                                                     ("mlp.shared_expert.up_proj", shared, 2 * shared)]}
         layout = {}
         sizes = [(name, p.shape[0]) for name, p in self.named_parameters()]
         for name, rows in sizes + [(name, w.out_features) for name, w in self._held_blocks().items()]:
+            experts = self._expert_shards(name)
+            if experts is not None:
+                layout.update({ckpt: (name, start, end) for ckpt, start, end in experts})
+                continue
             fused = None if cfg.fused_checkpoint else \
                 next(((f, parts) for f, parts in shards.items() if f".{f}." in name), None)
             if fused is None:
@@ -161,6 +173,23 @@ class CausalLM(nn.Module):
             for part, start, end in fused[1]:
                 layout[name.replace(fused[0], part)] = (name, start, end)
         return layout
+
+    def _expert_shards(self, name: str) -> Optional[list[tuple[str, int, int]]]:
+        """Where a sparse MLP's parameter comes from in the checkpoint (its per-expert tensors, or the
+        router under the family's prefix); None for every other parameter."""
+        if ".mlp." not in name or not self.cfg.sparse_layers:
+            return None
+        layer, _, local = name.partition(".mlp.")
+        moe = self.get_submodule(f"{layer}.mlp")
+        if not isinstance(moe, SparseMoE):
+            return None
+        prefix = f"{layer}.{self.cfg.moe_prefix}"
+        shards = moe.checkpoint_shards(local, prefix, self.cfg.expert_names)
+        if shards is not None:
+            return shards
+        if self.cfg.moe_prefix != "mlp":  # the router (and anything else) under the checkpoint's own prefix
+            return [(f"{prefix}.{local}", 0, self.get_parameter(name).shape[0])]
+        return None
 
     def _held_blocks(self) -> dict[str, GgufWeight | GgufQ8Weight]:
         """Weights held as GGUF blocks (no longer parameters), by the parameter name they replace."""
@@ -219,6 +248,9 @@ class CausalLM(nn.Module):
         """Put every linear's weight in the prepacked layout where that path takes it (bf16 on CPU); a tied
         lm_head gets a packed copy of the embedding table, which stays plain for lookups. Returns how many
         matrices were packed."""
+        for m in self.modules():
+            if isinstance(m, SparseMoE):
+                m.decide_router()
         packed = sum(m.prepack() for m in self.modules() if isinstance(m, Linear))
         table = self.model.embed_tokens.weight if self.lm_head is None and self.stage.last else None
         if table is not None and prepacked.applies(table):

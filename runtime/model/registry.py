@@ -31,6 +31,12 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen3", ("Qwen3ForCausalLM",), ("qwen3",), ("qwen3",), "Qwen3 dense (q and k norms)"),
     Family("phi3", ("Phi3ForCausalLM",), ("phi3",), (),
            "Phi-3 / Phi-3.5 mini (fused qkv and gate-up weights; without LongRoPE scaling)"),
+    Family("qwen3_moe", ("Qwen3MoeForCausalLM",), ("qwen3_moe",), (),
+           "Qwen3-MoE (top-k routing, renormalised where norm_topk_prob)"),
+    Family("qwen2_moe", ("Qwen2MoeForCausalLM",), ("qwen2_moe",), (),
+           "Qwen1.5-MoE / Qwen2-MoE (top-k routing and a gated shared expert)"),
+    Family("mixtral", ("MixtralForCausalLM",), ("mixtral",), (),
+           "Mixtral 8x7B / 8x22B (top-2 routing, renormalised), whose sliding window is off"),
 )
 NAMES = tuple(f.name for f in FAMILIES)
 

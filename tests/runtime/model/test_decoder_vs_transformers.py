@@ -1,5 +1,5 @@
-"""Acceptance: tiny random Llama/Mistral/Qwen2/Qwen3/Phi-3 logits equal transformers' through prefill and 16
-decodes."""
+"""Acceptance: tiny random Llama/Mistral/Qwen2/Qwen3/Phi-3 and Qwen3-MoE/Qwen2-MoE/Mixtral logits equal
+transformers' through prefill and 16 decodes."""
 import pytest
 import torch
 
@@ -16,6 +16,13 @@ FAMILIES = {
     "qwen3": dict(head_dim=32, attention_bias=False),
     "mistral": dict(sliding_window=None),
     "phi3": dict(pad_token_id=None, tie_word_embeddings=True),
+    # mixture of experts: renormalised top-k or not, a dense layer between sparse ones, a shared expert
+    "qwen3_moe": dict(head_dim=32, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=48,
+                      norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1]),
+    "qwen2_moe": dict(num_experts=5, num_experts_per_tok=2, moe_intermediate_size=40,
+                      shared_expert_intermediate_size=72, norm_topk_prob=False, decoder_sparse_step=1,
+                      mlp_only_layers=[]),
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
 }
 PROMPT_LENS = (5, 17, 33, 2, 48)
 DECODE_STEPS = 16

@@ -1,0 +1,120 @@
+"""Sparse mixture-of-experts MLP (Qwen2-MoE / Qwen3-MoE / Mixtral style): a router picks each token's top-k
+experts, their gated MLPs run, and the outputs are summed with the routing weights; Qwen2-MoE adds a shared
+expert behind a sigmoid gate.
+
+The experts' weights are two stacked parameters, gate|up [E * 2I, H] and down [E * H, I], so the
+checkpoint's per-expert tensors are row ranges of them (``checkpoint_shards``), as q/k/v are of qkv_proj.
+A step's (token, expert) pairs are sorted by expert once; each expert with tokens then runs one product
+over its rows (no per-token Python loop), and ``index_add_`` scatters the weighted outputs back.
+
+The router's logits go softmax -> top-k in fp32 whatever the model dtype (a bf16 softmax can reorder
+experts whose logits are close), renormalised over the k where the model says so (``norm_topk_prob``;
+Mixtral always). Its product takes a fast kernel only where every condition that kernel needs holds:
+``RouterGate`` checks each one on its own, so a model that fails any takes the plain product.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from actorserve.kernels.elementwise import silu_mul
+from actorserve.kernels.gemm import skinny
+
+
+@dataclass(frozen=True)
+class RouterGate:
+    """The router product's fast kernel (the skinny bf16 GEMM) and what it needs, each condition on its
+    own: bf16 weights and activations, the CPU, few rows (a decode step), the kernel built here. Decided
+    at load for the model (``for_model``) and per call for the rows."""
+
+    dtype_ok: bool
+    device_ok: bool
+    kernel_ok: bool
+
+    @classmethod
+    def for_model(cls, dtype: torch.dtype, device: torch.device, kernel_available: Optional[bool] = None
+                  ) -> "RouterGate":
+        return cls(dtype == torch.bfloat16, torch.device(device).type == "cpu",
+                   skinny.available() if kernel_available is None else kernel_available)
+
+    def takes(self, rows: int) -> bool:
+        return self.dtype_ok and self.device_ok and self.kernel_ok and 0 < rows <= skinny.MAX_ROWS
+
+
+class SparseMoE(nn.Module):
+    def __init__(self, hidden: int, inter: int, num_experts: int, top_k: int, renormalize: bool,
+                 shared_inter: int = 0) -> None:
+        super().__init__()
+        self.hidden, self.inter, self.num_experts, self.top_k = hidden, inter, num_experts, top_k
+        self.renormalize = renormalize
+        self.gate = nn.Linear(hidden, num_experts, bias=False)  # the router
+        self.experts_gate_up = nn.Parameter(torch.empty(num_experts * 2 * inter, hidden), requires_grad=False)
+        self.experts_down = nn.Parameter(torch.empty(num_experts * hidden, inter), requires_grad=False)
+        self.shared_expert = None
+        self.shared_expert_gate = None
+        if shared_inter:
+            from actorserve.runtime.model.layers import GatedMLP
+
+            self.shared_expert = GatedMLP(hidden, shared_inter)
+            self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
+        self.router_gate: Optional[RouterGate] = None  # set at load (``decide_router``)
+
+    def decide_router(self) -> None:
+        self.router_gate = RouterGate.for_model(self.gate.weight.dtype, self.gate.weight.device)
+
+    def router_logits(self, x: torch.Tensor) -> torch.Tensor:
+        gate = self.router_gate
+        if gate is not None and gate.takes(x.shape[0]):
+            return skinny.skinny_linear(x, self.gate.weight)
+        return F.linear(x, self.gate.weight)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each token's top-k experts [T, k] and their weights [T, k] in x's dtype."""
+        probs = self.router_logits(x).float().softmax(dim=-1)
+        weights, experts = probs.topk(self.top_k, dim=-1)
+        if self.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return experts, weights.to(x.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, self.hidden)
+        experts, weights = self.route(x)
+        flat = experts.flatten()
+        order = flat.argsort(stable=True)
+        tokens = order // self.top_k
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        rows = x[tokens]
+        scale = weights.flatten()[order][:, None]
+        out = torch.zeros_like(x)
+        two_i, start = 2 * self.inter, 0
+        for e, n in enumerate(counts):
+            if n == 0:
+                continue
+            seg = slice(start, start + n)
+            h = silu_mul(F.linear(rows[seg], self.experts_gate_up[e * two_i:(e + 1) * two_i]))
+            y = F.linear(h, self.experts_down[e * self.hidden:(e + 1) * self.hidden])
+            out.index_add_(0, tokens[seg], y * scale[seg])
+            start += n
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(F.linear(x, self.shared_expert_gate.weight)) * self.shared_expert(x)
+        return out.view(shape)
+
+    def checkpoint_shards(self, param: str, prefix: str, names: tuple[str, str, str]
+                          ) -> Optional[list[tuple[str, int, int]]]:
+        """The checkpoint tensors (by name under ``prefix``, e.g. ``model.layers.3.mlp``) that are row
+        ranges of ``param`` (this module's local parameter name); None for a parameter taken whole."""
+        gate_name, up_name, down_name = names
+        if param == "experts_gate_up":
+            i = self.inter
+            return [shard for e in range(self.num_experts) for shard in (
+                (f"{prefix}.experts.{e}.{gate_name}.weight", 2 * i * e, 2 * i * e + i),
+                (f"{prefix}.experts.{e}.{up_name}.weight", 2 * i * e + i, 2 * i * (e + 1)))]
+        if param == "experts_down":
+            h = self.hidden
+            return [(f"{prefix}.experts.{e}.{down_name}.weight", h * e, h * (e + 1)) for e in range(self.num_experts)]
+        return None
