@@ -5,7 +5,6 @@ puts a whole engine in the caller's process for the offline ``LLM``.
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import time
@@ -85,7 +84,6 @@ def load_worker(config: EngineConfig, with_tokenizer: bool, pp_rank: int = 0,
                          drafter=drafter, device=device, attention_backend=d.attention_backend,
                          graph_sizes=graph_sizes)
     runner.capture_graphs()
-    _return_free_heap()
     log.info("%s; decode fast path: %s", paths.describe(), "on" if runner.fast_decode is not None else "off")
     log.info("KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB), allocated in %.2f s",
              blocks, config.cache.block_size, blocks * config.cache.block_size,
@@ -111,15 +109,6 @@ def _load_draft(config: EngineConfig, target: LoadedModel) -> Optional[LoadedMod
     log.info("draft model %s: %.1f M parameters, %d speculative tokens a step", draft.path,
              draft.model.num_parameters() / 1e6, spec.num_speculative_tokens)
     return draft
-
-
-def _return_free_heap() -> None:
-    """Give the heap's free pages back to the OS once loading is done (glibc's ``malloc_trim``): the
-    load's temporary buffers leave tens of MiB free but resident in the heap, which glibc keeps."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
 
 
 def _resident_bytes() -> int:
