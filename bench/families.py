@@ -28,7 +28,8 @@ MOE = {"qwen3_moe": lambda s: dict(num_experts=8, num_experts_per_tok=2, moe_int
                                    shared_expert_intermediate_size=s, decoder_sparse_step=1, mlp_only_layers=[]),
        "mixtral": lambda s: dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=s // 2,
                                  sliding_window=None),
-       "mistral": lambda s: dict(sliding_window=None)}
+       "mistral": lambda s: dict(sliding_window=None),
+       "olmoe": lambda s: dict(num_experts=8, num_experts_per_tok=2, intermediate_size=s // 2)}
 MID = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16,
            num_key_value_heads=4, max_position_embeddings=1024)
 

@@ -134,7 +134,8 @@ def save_tiny_model(kind: str, directory: Path, seed: int = 0, **overrides) -> P
     klass = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
              "qwen3": transformers.Qwen3Config, "mistral": transformers.MistralConfig,
              "phi3": transformers.Phi3Config, "qwen3_moe": transformers.Qwen3MoeConfig,
-             "qwen2_moe": transformers.Qwen2MoeConfig, "mixtral": transformers.MixtralConfig}[kind]
+             "qwen2_moe": transformers.Qwen2MoeConfig, "mixtral": transformers.MixtralConfig,
+             "olmoe": transformers.OlmoeConfig}[kind]
     config = klass(**common)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)

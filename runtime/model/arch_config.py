@@ -27,6 +27,8 @@ class ArchConfig:
     rope_scaling: Optional[dict[str, Any]] = field(default=None, hash=False)
     eos_token_id: Optional[int] = None
     fused_checkpoint: bool = False  # the checkpoint stores qkv_proj and gate_up_proj fused, as we do (Phi-3)
+    qk_norm_whole: bool = False  # RMSNorm over the whole q and k projections, before the heads split (OLMoE)
+    clip_qkv: Optional[float] = None  # q, k and v clamped to [-clip, clip] (OLMoE's option)
     # mixture of experts (runtime.model.moe): the layers whose MLP is sparse, and its shape
     sparse_layers: tuple[int, ...] = ()
     num_experts: int = 0
@@ -78,6 +80,8 @@ class ArchConfig:
             rope_scaling=dict(rope) if rope_type not in ("default", None) else None,
             eos_token_id=eos[0] if isinstance(eos, list) else eos,
             fused_checkpoint=family == "phi3",
+            qk_norm_whole=family == "olmoe",
+            clip_qkv=cfg.get("clip_qkv") if family == "olmoe" else None,
         )
 
 
@@ -88,6 +92,10 @@ def _moe_fields(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
         return dict(sparse_layers=tuple(range(layers)), num_experts=cfg["num_local_experts"],
                     num_experts_per_tok=cfg["num_experts_per_tok"], moe_intermediate_size=cfg["intermediate_size"],
                     norm_topk_prob=True, moe_prefix="block_sparse_moe", expert_names=("w1", "w3", "w2"))
+    if family == "olmoe":
+        return dict(sparse_layers=tuple(range(layers)), num_experts=cfg["num_experts"],
+                    num_experts_per_tok=cfg["num_experts_per_tok"], moe_intermediate_size=cfg["intermediate_size"],
+                    norm_topk_prob=bool(cfg.get("norm_topk_prob")))
     if family not in ("qwen3_moe", "qwen2_moe"):
         return {}
     experts = cfg["num_experts"] if "num_experts" in cfg else cfg["num_local_experts"]  # (transformers 5 names it so)

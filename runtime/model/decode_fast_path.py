@@ -338,7 +338,8 @@ class DecodeFastPath:
         if (ew is None or attn is None or not isinstance(backend, cpu_decode.CpuDecodeBackend)
                 or next(model.parameters()).device.type != "cpu"
                 or model.rotary is None or model.num_local_layers == 0 or not hasattr(model, "decode_plan")
-                or model.cfg.sparse_layers):  # (sparse MLPs have no decode plan yet: the module path serves them)
+                # (sparse MLPs and whole-projection q/k norms have no decode plan yet: the module path serves them)
+                or model.cfg.sparse_layers or model.cfg.qk_norm_whole):
             return None
         planner = DecodePlanner(model.cfg.hidden_size, dtype, ew, attn,
                                 int8.library() if dtype == torch.bfloat16 else None)

@@ -27,8 +27,12 @@ class Attention(nn.Module):
         self.q_size, self.kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
         self.o_proj = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        # q/k norms per head (Qwen3), or over the whole projection (OLMoE)
+        q_norm, k_norm = (self.q_size, self.kv_size) if cfg.qk_norm_whole else (cfg.head_dim, cfg.head_dim)
+        self.qk_norm_whole = cfg.qk_norm_whole
+        self.q_norm = RMSNorm(q_norm, cfg.rms_norm_eps) if cfg.qk_norm or cfg.qk_norm_whole else None
+        self.k_norm = RMSNorm(k_norm, cfg.rms_norm_eps) if cfg.qk_norm or cfg.qk_norm_whole else None
+        self.clip_qkv = cfg.clip_qkv
         self.scale = cfg.head_dim ** -0.5
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
@@ -36,8 +40,13 @@ class Attention(nn.Module):
         t = x.shape[0]
         qkv = self.qkv_proj(x)
         heads = self.num_heads
+        if self.qk_norm_whole:  # (OLMoE: normed over each projection, then clipped where the model says)
+            q, k = self.q_norm(qkv[:, :self.q_size]), self.k_norm(qkv[:, self.q_size:self.q_size + self.kv_size])
+            qkv = torch.cat([q, k, qkv[:, self.q_size + self.kv_size:]], dim=-1)
+            if self.clip_qkv is not None:
+                qkv = qkv.clamp(-self.clip_qkv, self.clip_qkv)
         v = qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, self.head_dim)
-        if self.q_norm is None:  # q and k are adjacent columns: rotate them together
+        if self.q_norm is None or self.qk_norm_whole:  # q and k are adjacent columns: rotate them together
             qk = apply_rotary(qkv[:, :self.q_size + self.kv_size].view(t, -1, self.head_dim), rope)
             q, k = qk[:, :heads], qk[:, heads:]
         else:

@@ -37,6 +37,8 @@ FAMILIES: tuple[Family, ...] = (
            "Qwen1.5-MoE / Qwen2-MoE (top-k routing and a gated shared expert)"),
     Family("mixtral", ("MixtralForCausalLM",), ("mixtral",), (),
            "Mixtral 8x7B / 8x22B (top-2 routing, renormalised), whose sliding window is off"),
+    Family("olmoe", ("OlmoeForCausalLM",), ("olmoe",), (),
+           "OLMoE (q and k norms over the whole projection, top-k routing without renormalisation)"),
 )
 NAMES = tuple(f.name for f in FAMILIES)
 

@@ -17,6 +17,7 @@ SHAPES = {
                       shared_expert_intermediate_size=48, decoder_sparse_step=1, mlp_only_layers=[]),
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
     "mistral": dict(sliding_window=None),
+    "olmoe": dict(num_experts=4, num_experts_per_tok=2),
 }
 
 

@@ -1,4 +1,4 @@
-"""Acceptance: tiny random Llama/Mistral/Qwen2/Qwen3/Phi-3 and Qwen3-MoE/Qwen2-MoE/Mixtral logits equal
+"""Acceptance: tiny random Llama/Mistral/Qwen2/Qwen3/Phi-3 and Qwen3-MoE/Qwen2-MoE/Mixtral/OLMoE logits equal
 transformers' through prefill and 16 decodes."""
 import pytest
 import torch
@@ -23,6 +23,7 @@ FAMILIES = {
                       shared_expert_intermediate_size=72, norm_topk_prob=False, decoder_sparse_step=1,
                       mlp_only_layers=[]),
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
+    "olmoe": dict(num_experts=5, num_experts_per_tok=2, norm_topk_prob=False, clip_qkv=3.0),
 }
 PROMPT_LENS = (5, 17, 33, 2, 48)
 DECODE_STEPS = 16
