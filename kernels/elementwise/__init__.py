@@ -9,23 +9,13 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
+from actorserve.kernels import triton as triton_kernels
 from actorserve.kernels.elementwise import cpu_rows
-
-_triton_rows = None  # kernels.triton.rows once a CUDA tensor has asked for it (False: triton is not installed)
 
 
 def _on_triton(x: torch.Tensor):
     """The triton row kernels for a tensor on a GPU, where triton is installed; else None."""
-    global _triton_rows
-    if not x.is_cuda:
-        return None
-    if _triton_rows is None:
-        try:
-            from actorserve.kernels.triton import rows as _rows
-        except ImportError:
-            _rows = False
-        _triton_rows = _rows
-    return _triton_rows or None
+    return triton_kernels.for_tensor(x, "rows")
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

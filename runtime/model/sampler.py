@@ -15,6 +15,7 @@ from typing import Optional
 
 import torch
 
+from actorserve.kernels import triton as triton_kernels
 from actorserve.kernels.elementwise import argmax
 from actorserve.runtime.engine.batch import SamplingSpec, TokenLogprobs
 
@@ -115,21 +116,9 @@ class Sampler:
         return torch.where(torch.tensor(greedy, device=argmax.device), argmax, sampled)
 
 
-_triton = None  # kernels.triton.sampling once a GPU's logits asked for it (False: triton is not installed)
-
-
 def _triton_sampling(logits: torch.Tensor):
     """The triton sampling kernel for logits on a GPU, where triton is installed; else None."""
-    global _triton
-    if not logits.is_cuda:
-        return None
-    if _triton is None:
-        try:
-            from actorserve.kernels.triton import sampling as _module
-        except ImportError:
-            _module = False
-        _triton = _module
-    return _triton or None
+    return triton_kernels.for_tensor(logits, "sampling")
 
 
 def _processed(logits: torch.Tensor, rows: list[SamplingRow]):
