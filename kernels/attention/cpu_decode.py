@@ -47,9 +47,11 @@ def library(dtype: torch.dtype = torch.bfloat16) -> Optional[ctypes.CDLL]:
 
 
 def supports(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
-    """Whether the kernel takes a model of this dtype and shape; its gate alone."""
-    return (dtype in DTYPES and num_heads % num_kv_heads == 0 and num_heads // num_kv_heads <= MAX_GROUP
-            and head_dim % 32 == 0 and head_dim <= MAX_HEAD_DIM and available(dtype))
+    """Whether the kernel takes a model of this dtype and shape: the selector's declaration of it (any
+    block size), so that the two cannot disagree."""
+    from actorserve.kernels.attention.selector import BACKENDS, AttentionNeeds
+
+    return BACKENDS["cpu_c"].refusal(AttentionNeeds("cpu", dtype, num_heads, num_kv_heads, head_dim, 1)) is None
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,

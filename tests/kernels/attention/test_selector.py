@@ -79,7 +79,9 @@ def test_the_real_gates_on_this_machine():
     on the CPU outside its interpreter, and CUDA where torch sees none."""
     from actorserve.kernels.attention import cpu_decode
 
-    assert selector.BACKENDS["cpu_c"].max_group == cpu_decode.MAX_GROUP  # the declaration is the C source's
+    cpu_c = selector.BACKENDS["cpu_c"]  # the declaration is the C source's
+    assert cpu_c.max_group == cpu_decode.MAX_GROUP
+    assert cpu_c.head_size(cpu_decode.MAX_HEAD_DIM) and not cpu_c.head_size(cpu_decode.MAX_HEAD_DIM + 32)
     expected = "cpu_c" if cpu_decode.available(torch.float32) else "torch"
     assert choose(needs(dtype=torch.float32)) == expected
     assert selector.select(needs(dtype=torch.float32)).__name__ == {"cpu_c": "CpuDecodeBackend",
