@@ -118,6 +118,11 @@ class TritonAttentionBackend:
         static.token_seq[n:size].copy_(torch.arange(n, size, dtype=torch.int32), non_blocking=True)
         static.token_pos[:n].copy_(plan.token_pos, non_blocking=True)
         static.token_pos[n:size].zero_()
+        return TritonAttentionBackend.static_view(static, size)
+
+    @staticmethod
+    def static_view(static: TritonPlan, size: int) -> TritonPlan:
+        """The first ``size`` rows of the static buffers: the plan a graph of that size captures and replays."""
         return TritonPlan(static.slot_mapping[:size], static.block_tables[:size], static.token_seq[:size],
                           static.token_pos[:size])
 

@@ -66,6 +66,7 @@ class ModelInputs:
     chunk_rows: list[tuple[ScheduledChunk, int]]  # each chunk and the row of its first token
     drafts: Optional[list[list[int]]] = None  # each sampled request's draft tokens, where any has some
     grammar_bitmasks: list[Optional[bytes]] = dataclasses.field(default_factory=list)  # by sample_ids
+    decode_only: bool = False  # one row a sequence, nothing of a prompt's chunk (what a CUDA graph replays)
 
 
 class ModelRunner:
@@ -194,8 +195,7 @@ class ModelRunner:
     @torch.inference_mode()
     def _capture(self, size: int):
         static = self._static
-        plan = type(static["plan"])(static["plan"].slot_mapping[:size], static["plan"].block_tables[:size],
-                                    static["plan"].token_seq[:size], static["plan"].token_pos[:size])
+        plan = self.backend.static_view(static["plan"], size)
         args = (static["input_ids"][:size], static["positions"][:size], self.kv_caches, plan, self.backend)
         self.model(*args)  # once eagerly: triton compiles its kernels outside the capture
         torch.cuda.synchronize(self.device)
@@ -219,12 +219,9 @@ class ModelRunner:
     @torch.inference_mode()
     def run_layers(self, inputs: ModelInputs, hidden_in: Optional[torch.Tensor] = None) -> torch.Tensor:
         if self.graphs is not None and hidden_in is None:
-            meta = inputs.meta
-            decode_only = getattr(meta, "token_seq", None) is not None and \
-                inputs.input_ids.shape[0] == meta.token_seq.shape[0] == meta.block_tables.shape[0]
-            return self.graphs.run(inputs, inputs.input_ids.shape[0], decode_only,
-                                   lambda: self.model(inputs.input_ids, inputs.positions, self.kv_caches, meta,
-                                                      self.backend, hidden_in))
+            return self.graphs.run(inputs, inputs.input_ids.shape[0], inputs.decode_only,
+                                   lambda: self.model(inputs.input_ids, inputs.positions, self.kv_caches,
+                                                      inputs.meta, self.backend, hidden_in))
         if self.fast_decode is not None and self.fast_decode.applies(inputs.meta):
             return self.fast_decode(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, hidden_in)
         return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, self.backend, hidden_in)
@@ -265,7 +262,7 @@ class ModelRunner:
             prefill=self._group(prefills, len(rows)),
         )
         return ModelInputs(as_long(ids), as_long(positions), self.backend.prepare(meta), as_long(logits_indices),
-                           sample_ids, chunk_rows, drafts if any(drafts) else None, bitmasks)
+                           sample_ids, chunk_rows, drafts if any(drafts) else None, bitmasks, not prefills)
 
     def _group(self, chunks: list[ScheduledChunk], token_start: int) -> Optional[SequenceGroup]:
         """The attention plan of consecutive chunks of the step."""
