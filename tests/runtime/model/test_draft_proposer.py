@@ -3,7 +3,6 @@ default model: the target's greedy tokens exactly; every draft kept where a mode
 the draft's own KV cache follows the target's through chunked prefill, prefix caching and preemption);
 sampled tokens distributed as without speculation (chi-square); a seeded request independent of its
 batch; the draft's noise a stream of its own."""
-import math
 import random
 
 import pytest
@@ -13,6 +12,7 @@ from actorserve import LLM, SamplingParams
 from actorserve.runtime.config import EngineConfig, SpeculativeConfig
 from actorserve.runtime.model.sampler import noise_stream, stream_seed
 from tests.conftest import save_tiny_model
+from tests.runtime.model.test_rejection_sampler import chi_square_tail
 
 
 def spec(model, k=3):
@@ -128,9 +128,7 @@ def _homogeneity_p(a: torch.Tensor, b: torch.Tensor) -> float:
     total = a + b
     stat = float((((a - total * na / (na + nb)) ** 2) / (total * na / (na + nb))).sum()
                  + (((b - total * nb / (na + nb)) ** 2) / (total * nb / (na + nb))).sum())
-    dof = int(keep.sum()) - 1
-    z = ((stat / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
-    return 0.5 * math.erfc(z / math.sqrt(2))
+    return chi_square_tail(stat, int(keep.sum()) - 1)
 
 
 @pytest.fixture(scope="module")

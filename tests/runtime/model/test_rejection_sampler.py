@@ -46,8 +46,11 @@ def _chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
     expected = probs * n
     keep = expected > 0
     stat = float((((counts - expected) ** 2)[keep] / expected[keep]).sum())
-    dof = int(keep.sum()) - 1
-    # the upper tail of chi-square by the Wilson-Hilferty cube-root normal approximation
+    return chi_square_tail(stat, int(keep.sum()) - 1)
+
+
+def chi_square_tail(stat: float, dof: int) -> float:
+    """P(X >= stat) for X ~ chi-square(dof), by the Wilson-Hilferty cube-root normal approximation."""
     z = ((stat / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
     return 0.5 * math.erfc(z / math.sqrt(2))
 
