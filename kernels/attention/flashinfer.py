@@ -5,10 +5,9 @@ The caches are FlashInfer's NHD layout, [num_blocks, block_size, KVH, D] per lay
 the new tokens' K/V are written with one ``index_copy_`` a layer. Every argument that reaches FlashInfer
 passes ``_index`` / ``_dense`` first: index tensors (indptr, indices, last-page lengths, the queries'
 indptr) become contiguous int32 on the cache's device, queries and caches contiguous in the model dtype,
-whatever the caller built them as. A kernel library changes what it accepts between versions (FlashInfer
-0.6.18's GDN prefill began to need int64 ``cu_seqlens``), so the contract lives at this one boundary,
-and ``FLASHINFER_VERSION`` (the one pin: the ``cuda`` extra and the docs name the same) is the version
-it was written against.
+whatever the caller built them as. A kernel library may change the index dtypes it accepts from one
+version to the next, so the contract lives at this one boundary, and ``FLASHINFER_VERSION`` (the one
+pin: the ``cuda`` extra and the docs name the same) is the version it was written against.
 """
 from __future__ import annotations
 
