@@ -27,7 +27,8 @@ MAX_GROUP, MAX_HEAD_DIM = 16, 256  # as in the C source
 DTYPES = (torch.bfloat16, torch.float32)  # the element types the source is built for
 _SIGNATURES = {
     "paged_decode": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64]
-                     + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int]),
+                     + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 6
+                     + [ctypes.c_float, ctypes.c_int64, ctypes.c_float, ctypes.c_int]),
     "write_kv": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int64] * 2 + [ctypes.c_void_p] + [ctypes.c_int64] * 3
                  + [ctypes.c_void_p] * 2 + [ctypes.c_int64]),
 }
@@ -55,10 +56,11 @@ def supports(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: in
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                 seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                 seq_lens: torch.Tensor, scale: float, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """Attention of one query per sequence, q [B, H, D], over caches [KVH, num_blocks, block_size, D] of q's
     dtype (bf16 or fp32) holding each sequence's first ``seq_lens[b]`` tokens at the blocks
-    ``block_tables[b]`` (int64)."""
+    ``block_tables[b]`` (int64); over its last ``window`` tokens only where window > 0, with scores capped
+    at ``softcap`` (tanh) where it is > 0."""
     lib = library(q.dtype)
     if lib is None:
         raise RuntimeError(f"the paged decode kernel for {q.dtype} is not available on this machine")
@@ -71,7 +73,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     if b and int(seq_lens.max()) > block_tables.shape[1] * block_size:
         raise ValueError("paged_decode: a sequence is longer than its block table")
     return _launch(lib, _heads_contiguous(q), k_cache, v_cache, block_tables.contiguous(), seq_lens.contiguous(),
-                   scale)
+                   scale, window=window, softcap=softcap)
 
 
 def _heads_contiguous(q: torch.Tensor) -> torch.Tensor:
@@ -81,7 +83,7 @@ def _heads_contiguous(q: torch.Tensor) -> torch.Tensor:
 
 def _launch(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
             lens: torch.Tensor, scale: float, row_seq: Optional[torch.Tensor] = None,
-            out: Optional[torch.Tensor] = None) -> torch.Tensor:
+            out: Optional[torch.Tensor] = None, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """The kernel call on inputs already checked (``paged_decode``, or once per step in ``prepare``); q's
     heads contiguous; ``out`` (contiguous [B, H, D]) is written where given."""
     kvh, num_blocks, block_size, d = k_cache.shape
@@ -90,7 +92,7 @@ def _launch(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         out = torch.empty(b, h, d, dtype=q.dtype)
     args = (q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), tables.shape[1],
             None if row_seq is None else row_seq.data_ptr(), lens.data_ptr(), out.data_ptr(), b, h, kvh, num_blocks,
-            block_size, d, scale, torch.get_num_threads())
+            block_size, d, scale, window, softcap, torch.get_num_threads())
     rc = call(PROFILE_NAME, lib.paged_decode, *args)
     if rc != 0:
         raise RuntimeError(f"paged_decode failed ({rc}): shapes outside the kernel, or out of memory")
@@ -167,7 +169,8 @@ class CpuDecodeBackend(TorchRefBackend):
         return g.block_tables[:, :-(-g.max_seq_len // self.block_size)].to(torch.int64).contiguous()
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, meta: CpuDecodeMetadata, scale: float) -> torch.Tensor:
+                v_cache: torch.Tensor, meta: CpuDecodeMetadata, scale: float, window: int = 0,
+                softcap: float = 0.0) -> torch.Tensor:
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         lib = library(k_cache.dtype)
         if lib is None or q.dtype != k_cache.dtype:
@@ -176,10 +179,11 @@ class CpuDecodeBackend(TorchRefBackend):
         # the tables and lengths were made for the step in prepare; the caches are the runner's own
         if len(plans) == 1 and plans[0].group.token_start == 0 and plans[0].group.token_end == q.shape[0]:
             p = plans[0]
-            return _launch(lib, _heads_contiguous(q), k_cache, v_cache, p.block_tables, p.seq_lens, scale, p.row_seq)
+            return _launch(lib, _heads_contiguous(q), k_cache, v_cache, p.block_tables, p.seq_lens, scale, p.row_seq,
+                           window=window, softcap=softcap)
         out = torch.empty(q.shape, dtype=q.dtype)
         for p in plans:
             g = p.group
             _launch(lib, _heads_contiguous(q[g.token_start:g.token_end]), k_cache, v_cache, p.block_tables,
-                    p.seq_lens, scale, p.row_seq, out[g.token_start:g.token_end])
+                    p.seq_lens, scale, p.row_seq, out[g.token_start:g.token_end], window, softcap)
         return out

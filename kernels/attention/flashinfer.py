@@ -11,7 +11,7 @@ pin: the ``cuda`` extra and the docs name the same) is the version it was writte
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
@@ -46,7 +46,7 @@ class FlashInferPlan:
     slot_mapping: torch.Tensor
     decode: Optional[PagedIndex]
     prefill: Optional[PagedIndex]
-    planned_scale: Optional[float] = None
+    planned: set = field(default_factory=set)  # the (scale, window, softcap) its wrappers are planned for
 
 
 class FlashInferBackend:
@@ -80,43 +80,49 @@ class FlashInferBackend:
         return PagedIndex(group, _index(group.query_start_loc, device), _index(kv_indptr, device),
                           _index(tables[used], device), _index(seq_lens - (pages - 1) * bs, device))
 
-    def _wrapper(self, kind: str, device: torch.device) -> Any:
-        wrapper = self._wrappers.get((kind, device))
+    def _wrapper(self, kind: str, device: torch.device, variant: tuple = ()) -> Any:
+        """One wrapper a kind, device and attention variant (window, soft cap): layers of two variants
+        (Gemma's sliding and global ones) each keep their plan through the step."""
+        wrapper = self._wrappers.get((kind, device, variant))
         if wrapper is None:
             workspace = self._workspace.get(device)
             if workspace is None:
                 workspace = self._workspace[device] = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
             klass = (self.kernels.BatchDecodeWithPagedKVCacheWrapper if kind == "decode"
                      else self.kernels.BatchPrefillWithPagedKVCacheWrapper)
-            wrapper = self._wrappers[(kind, device)] = klass(workspace, "NHD")
+            wrapper = self._wrappers[(kind, device, variant)] = klass(workspace, "NHD")
         return wrapper
 
-    def _plan(self, plan: FlashInferPlan, q: torch.Tensor, k_cache: torch.Tensor, scale: float) -> None:
+    def _plan(self, plan: FlashInferPlan, q: torch.Tensor, k_cache: torch.Tensor, scale: float, window: int,
+              softcap: float) -> None:
         heads, kvh, d = q.shape[1], k_cache.shape[2], q.shape[2]
+        # flashinfer's window_left counts the keys left of the query's own (-1: no window)
+        extra = dict(window_left=window - 1 if window > 0 else -1, logits_soft_cap=softcap or None)
         if plan.decode is not None:
             p = plan.decode
-            self._wrapper("decode", q.device).plan(
+            self._wrapper("decode", q.device, (window, softcap)).plan(
                 p.kv_indptr, p.kv_indices, p.last_page_len, heads, kvh, d, self.block_size,
-                pos_encoding_mode="NONE", sm_scale=scale, q_data_type=q.dtype, kv_data_type=k_cache.dtype)
+                pos_encoding_mode="NONE", sm_scale=scale, q_data_type=q.dtype, kv_data_type=k_cache.dtype, **extra)
         if plan.prefill is not None:
             p = plan.prefill
-            self._wrapper("prefill", q.device).plan(
+            self._wrapper("prefill", q.device, (window, softcap)).plan(
                 p.qo_indptr, p.kv_indptr, p.kv_indices, p.last_page_len, heads, kvh, d, self.block_size,
-                causal=True, sm_scale=scale, q_data_type=q.dtype, kv_data_type=k_cache.dtype)
-        plan.planned_scale = scale
+                causal=True, sm_scale=scale, q_data_type=q.dtype, kv_data_type=k_cache.dtype, **extra)
+        plan.planned.add((scale, window, softcap))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, meta: FlashInferPlan, scale: float) -> torch.Tensor:
+                v_cache: torch.Tensor, meta: FlashInferPlan, scale: float, window: int = 0,
+                softcap: float = 0.0) -> torch.Tensor:
         kvh, d = k_cache.shape[2], k_cache.shape[3]
         k_cache.view(-1, kvh, d).index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
         v_cache.view(-1, kvh, d).index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
-        if meta.planned_scale != scale:  # the first layer of the step (every layer shares the plan)
-            self._plan(meta, q, k_cache, scale)
+        if (scale, window, softcap) not in meta.planned:  # the step's first layer of this variant plans
+            self._plan(meta, q, k_cache, scale, window, softcap)
         caches = (_dense(k_cache, k_cache.dtype), _dense(v_cache, v_cache.dtype))
         out = torch.empty_like(q)
         for kind, index in (("decode", meta.decode), ("prefill", meta.prefill)):
             if index is not None:
                 g = index.group
                 rows = _dense(q[g.token_start:g.token_end], q.dtype)
-                out[g.token_start:g.token_end] = self._wrapper(kind, q.device).run(rows, caches)
+                out[g.token_start:g.token_end] = self._wrapper(kind, q.device, (window, softcap)).run(rows, caches)
         return out

@@ -33,20 +33,23 @@ static inline void prefetch_block(const elem *p, int64_t elems) {
 static inline __attribute__((always_inline)) void one_impl(
         const elem *q, const elem *k_cache, const elem *v_cache, const int64_t *table, int64_t len,
         elem *out, const int64_t G, int64_t NB, int64_t BS, const int64_t D, int64_t kvh, float scale,
-        float *scores /* [G, len rounded up to 16] */) {
-    const int64_t stride = (len + 15) / 16 * 16;
+        int64_t first, float softcap, float *scores /* [G, len - lo rounded up to 16] */) {
+    /* keys [first, len) are seen (a sliding window starts past 0); the blocks before first's are not read,
+     * so a window's freed blocks may hold anything. Scores are kept from lo, first's block's start. */
+    const int64_t lo = first / BS * BS, span = len - lo;
+    const int64_t stride = (span + 15) / 16 * 16;
     const int64_t head_base = kvh * NB * BS * D;
-    /* pass 1: scores[g, t] = scale * q_g . k_t, VL keys at a time (one horizontal reduction per VL) */
+    /* pass 1: scores[g, t - lo] = scale * q_g . k_t, VL keys at a time (one horizontal reduction per VL) */
     const vf vscale = vset1(scale);
-    for (int64_t t0 = 0; t0 < len; t0 += BS) {
+    for (int64_t t0 = lo; t0 < len; t0 += BS) {
         const elem *kb = k_cache + head_base + table[t0 / BS] * BS * D;
         const int64_t n = len - t0 < BS ? len - t0 : BS;
         /* the value rows are fetched beside the keys, so that pass 2 reads them from cache */
-        if (t0 == 0) {
-            prefetch_block(v_cache + head_base + table[0] * BS * D, n * D);
-            for (int64_t k = 1; k < AHEAD && k * BS < len; k++) {
-                prefetch_block(k_cache + head_base + table[k] * BS * D, BS * D);
-                prefetch_block(v_cache + head_base + table[k] * BS * D, BS * D);
+        if (t0 == lo) {
+            prefetch_block(v_cache + head_base + table[lo / BS] * BS * D, n * D);
+            for (int64_t k = 1; k < AHEAD && lo + k * BS < len; k++) {
+                prefetch_block(k_cache + head_base + table[lo / BS + k] * BS * D, BS * D);
+                prefetch_block(v_cache + head_base + table[lo / BS + k] * BS * D, BS * D);
             }
         }
         if (t0 + AHEAD * BS < len) {
@@ -66,20 +69,23 @@ static inline __attribute__((always_inline)) void one_impl(
                     }
                     part[j] = acc;
                 }
-                vstore_n(scores + g * stride + t0 + i0, vmul(vsum_each(part), vscale), m);
+                vstore_n(scores + g * stride + t0 - lo + i0, vmul(vsum_each(part), vscale), m);
             }
         }
     }
-    /* softmax per head, fp32; the padded tail of each row is zero */
+    /* softmax per head, fp32; the padded tail of each row is zero, as are the keys before the window's */
     for (int64_t g = 0; g < G; g++) {
         float *s = scores + g * stride;
-        for (int64_t t = len; t < stride; t++) s[t] = -INFINITY;
+        if (softcap > 0.0f) /* Gemma's cap: softcap * tanh(score / softcap), after the scale */
+            for (int64_t t = first - lo; t < span; t++) s[t] = softcap * tanhf(s[t] / softcap);
+        for (int64_t t = 0; t < first - lo; t++) s[t] = -INFINITY;
+        for (int64_t t = span; t < stride; t++) s[t] = -INFINITY;
         vf m = vset1(-INFINITY);
         for (int64_t t = 0; t < stride; t += VL) m = vmax(m, vload(s + t));
         const vf mx = vset1(vmaxall(m));
         vf sum = vzero();
         for (int64_t t = 0; t < stride; t += VL) {
-            const vf e = vkeep(vexp(vsub(vload(s + t), mx)), t < len ? vtail(len, t) : 0);
+            const vf e = vkeep(vexp(vsub(vload(s + t), mx)), t < span ? vtail(span, t) : 0);
             sum = vadd(sum, e);
             vstore(s + t, e);
         }
@@ -94,10 +100,10 @@ static inline __attribute__((always_inline)) void one_impl(
             vf acc[4][4];
             for (int64_t g = 0; g < 4; g++)
                 for (int64_t j = 0; j < 4; j++) acc[g][j] = vzero();
-            for (int64_t t0 = 0; t0 < len; t0 += BS) {
+            for (int64_t t0 = lo; t0 < len; t0 += BS) {
                 const elem *vb = v_cache + head_base + table[t0 / BS] * BS * D + c0;
                 const int64_t n = len - t0 < BS ? len - t0 : BS;
-                const float *p = scores + g0 * stride + t0;
+                const float *p = scores + g0 * stride + t0 - lo;
                 for (int64_t i = 0; i < n; i++) {
                     const elem *vr = vb + i * D;
                     for (int64_t j = 0; j < 4; j++) {
@@ -123,8 +129,8 @@ static inline __attribute__((always_inline)) void one_impl(
 #define ONE_FIXED(g, d)                                                                                       \
     static void one_g##g##_d##d(const elem *q, const elem *kc, const elem *vc, const int64_t *tb,              \
                                 int64_t len, elem *out, int64_t NB, int64_t BS, int64_t kvh, float scale,  \
-                                float *scores) {                                                              \
-        one_impl(q, kc, vc, tb, len, out, g, NB, BS, d, kvh, scale, scores);                                   \
+                                int64_t first, float softcap, float *scores) {                                \
+        one_impl(q, kc, vc, tb, len, out, g, NB, BS, d, kvh, scale, first, softcap, scores);                   \
     }
 ONE_FIXED(1, 64) ONE_FIXED(2, 64) ONE_FIXED(3, 64) ONE_FIXED(4, 64) ONE_FIXED(5, 64) ONE_FIXED(6, 64)
 ONE_FIXED(7, 64) ONE_FIXED(8, 64)
@@ -132,7 +138,7 @@ ONE_FIXED(1, 128) ONE_FIXED(2, 128) ONE_FIXED(3, 128) ONE_FIXED(4, 128) ONE_FIXE
 ONE_FIXED(7, 128) ONE_FIXED(8, 128)
 
 typedef void (*one_fn)(const elem *, const elem *, const elem *, const int64_t *, int64_t, elem *,
-                       int64_t, int64_t, int64_t, float, float *);
+                       int64_t, int64_t, int64_t, float, int64_t, float, float *);
 
 /* The clone for (G, D), or 0: those shapes take the generic body. */
 static one_fn one_fixed(int64_t G, int64_t D) {
@@ -146,21 +152,23 @@ static one_fn one_fixed(int64_t G, int64_t D) {
 
 static void one(const elem *q, const elem *k_cache, const elem *v_cache, const int64_t *table,
                 int64_t len, elem *out, int64_t G, int64_t NB, int64_t BS, int64_t D, int64_t kvh,
-                float scale, float *scores) {
-    one_impl(q, k_cache, v_cache, table, len, out, G, NB, BS, D, kvh, scale, scores);
+                float scale, int64_t first, float softcap, float *scores) {
+    one_impl(q, k_cache, v_cache, table, len, out, G, NB, BS, D, kvh, scale, first, softcap, scores);
 }
 
 /* q [B, H, D] with contiguous heads and rows q_row_stride elements apart (the q columns of a fused q|k
  * output need no copy); out [B, H, D] contiguous. Query row b attends over the first seq_lens[b] cached
  * tokens of the sequence whose block table is row row_seq[b] of block_tables (row b where row_seq is
  * NULL): several query rows may share a sequence, each with its own length, which makes a prefill chunk's
- * causal attention (its K/V written to the cache first). Returns 0, or -1 where the shapes are outside
- * what this kernel takes (the caller checks first). */
+ * causal attention (its K/V written to the cache first). A row sees its last ``window`` tokens only where
+ * window > 0 (a sliding window: keys k with len - k <= window), and its scores are capped by
+ * softcap * tanh(s / softcap) where softcap > 0. Returns 0, or -1 where the shapes are outside what this
+ * kernel takes (the caller checks first). */
 int ELEM(paged_decode)(const elem *q, int64_t q_row_stride, const elem *k_cache, const elem *v_cache,
                        const int64_t *block_tables, int64_t table_stride, const int64_t *row_seq,
                        const int64_t *seq_lens, elem *out,
                       int64_t B, int64_t H, int64_t KVH, int64_t NB, int64_t BS, int64_t D, float scale,
-                      int threads) {
+                      int64_t window, float softcap, int threads) {
     const int64_t G = H / KVH;
     if (G > MAX_G || D > MAX_D || D % 32 || H % KVH) return -1;
     int64_t max_len = 0;
@@ -184,19 +192,21 @@ int ELEM(paged_decode)(const elem *q, int64_t q_row_stride, const elem *k_cache,
             const int64_t len = seq_lens[b];
             const int64_t *table = block_tables + (row_seq ? row_seq[b] : b) * table_stride;
             if (len <= 0) continue;
+            const int64_t first = window > 0 && len > window ? len - window : 0;
             if (item + 1 < B * KVH) { /* the next item's first keys, while this one is attended */
                 const int64_t nb = (item + 1) / KVH, nh = (item + 1) % KVH, nlen = seq_lens[nb];
                 const int64_t *nt = block_tables + (row_seq ? row_seq[nb] : nb) * table_stride;
-                for (int64_t k = 0; k < 2 && k * BS < nlen; k++)
-                    prefetch_block(k_cache + nh * NB * BS * D + nt[k] * BS * D,
-                                   (nlen - k * BS < BS ? nlen - k * BS : BS) * D);
+                const int64_t nlo = (window > 0 && nlen > window ? nlen - window : 0) / BS * BS;
+                for (int64_t k = 0; k < 2 && nlo + k * BS < nlen; k++)
+                    prefetch_block(k_cache + nh * NB * BS * D + nt[nlo / BS + k] * BS * D,
+                                   (nlen - nlo - k * BS < BS ? nlen - nlo - k * BS : BS) * D);
             }
             if (fixed)
                 fixed(q + b * q_row_stride + h * G * D, k_cache, v_cache, table, len,
-                      out + (b * H + h * G) * D, NB, BS, h, scale, scores);
+                      out + (b * H + h * G) * D, NB, BS, h, scale, first, softcap, scores);
             else
                 one(q + b * q_row_stride + h * G * D, k_cache, v_cache, table, len,
-                    out + (b * H + h * G) * D, G, NB, BS, D, h, scale, scores);
+                    out + (b * H + h * G) * D, G, NB, BS, D, h, scale, first, softcap, scores);
         }
         free(scores);
     }

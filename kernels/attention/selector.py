@@ -123,13 +123,13 @@ BACKENDS: dict[str, BackendEntry] = {b.name: b for b in (
                  # (its CUDA-graph wrappers, with fixed index buffers, are not wired yet)
                  sliding_window=True, capturable=False, available=_flashinfer),
     BackendEntry("triton", "actorserve.kernels.triton.unified_attention:TritonAttentionBackend", ("cuda", "cpu"),
-                 _FLOATS, lambda d: 0 < d <= 256, _power_of_two, sliding_window=False, capturable=True,
+                 _FLOATS, lambda d: 0 < d <= 256, _power_of_two, sliding_window=True, capturable=True,
                  available=_triton),
     BackendEntry("cpu_c", "actorserve.kernels.attention.cpu_decode:CpuDecodeBackend", ("cpu",),
                  ("bfloat16", "float32"), lambda d: d % 32 == 0 and d <= 256, lambda b: b > 0,
-                 sliding_window=False, capturable=False, available=_cpu_c, max_group=16),  # (its C source's)
+                 sliding_window=True, capturable=False, available=_cpu_c, max_group=16),  # (its C source's)
     BackendEntry("torch", "actorserve.kernels.attention.torch_ref:TorchRefBackend", ("cpu", "cuda"), _FLOATS,
-                 lambda d: d > 0, lambda b: b > 0, sliding_window=False, capturable=False, available=_always),
+                 lambda d: d > 0, lambda b: b > 0, sliding_window=True, capturable=False, available=_always),
 )}
 NAMES = tuple(BACKENDS)
 # what each device tries, best first (triton serves the CPU only when forced, in its interpreter)

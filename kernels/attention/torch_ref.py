@@ -9,7 +9,7 @@ block indices, the causal mask as an additive bias, the query padding) is planne
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -36,6 +36,22 @@ class GroupPlan:
     q_index: Optional[torch.Tensor]  # [B, Q] rows of q, padded queries clamped (None: one query each)
     q_valid: Optional[torch.Tensor]  # [B * Q] which padded queries are real
     fresh: bool  # nothing cached before this step: attend over the new K/V themselves
+    q_pos: torch.Tensor  # [B, Q] each query's position
+    q_real: torch.Tensor  # [B, Q] which queries are real (not padding)
+    windowed: dict[int, torch.Tensor] = field(default_factory=dict)  # window -> bias, made once a step
+
+    def bias_for(self, window: int) -> torch.Tensor:
+        """The bias of a layer with a sliding window (keys more than ``window - 1`` before the query are
+        masked too); the causal one where window is 0."""
+        if window <= 0:
+            return self.bias
+        bias = self.windowed.get(window)
+        if bias is None:
+            k_pos = torch.arange(self.bias.shape[-1], device=self.bias.device)
+            # (a padded query row keeps its one key, so that its softmax stays finite)
+            old = (k_pos[None, None, :] <= self.q_pos[:, :, None] - window) & self.q_real[:, :, None]
+            bias = self.windowed[window] = self.bias.masked_fill(old, float("-inf"))
+        return bias
 
 
 @dataclass
@@ -80,28 +96,32 @@ class TorchRefBackend:
             starts = group.query_start_loc[:-1].to(device=device, dtype=torch.long)
             q_index = (starts[:, None] + row[None, :]).clamp(max=group.token_end - group.token_start - 1)
             q_valid_flat = q_valid.flatten()
-        return GroupPlan(group, block_rows, bias, q_index, q_valid_flat, not any(group.context_lens))
+        return GroupPlan(group, block_rows, bias, q_index, q_valid_flat, not any(group.context_lens), q_pos, q_valid)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, meta: TorchPagedMetadata, scale: float) -> torch.Tensor:
+                v_cache: torch.Tensor, meta: TorchPagedMetadata, scale: float, window: int = 0,
+                softcap: float = 0.0) -> torch.Tensor:
+        """As the interface says; a layer with a sliding window sees its last ``window`` keys, and a soft
+        cap bounds its scores by softcap * tanh(s / softcap) (Gemma 2)."""
         write_kv_ref(k_cache, v_cache, k, v, meta.slot_mapping)
         if meta.prefill is None and meta.decode is not None:  # decodes only: their output is the step's
-            return _attend(q, k_cache, v_cache, meta.decode, scale)
+            return _attend(q, k_cache, v_cache, meta.decode, scale, window, softcap)
         out = torch.empty_like(q)
         if meta.decode is not None:
             group = meta.decode.group
-            out[group.token_start:group.token_end] = _attend(q, k_cache, v_cache, meta.decode, scale)
+            out[group.token_start:group.token_end] = _attend(q, k_cache, v_cache, meta.decode, scale, window, softcap)
         if meta.prefill is not None:
-            self._prefill(q, k, v, k_cache, v_cache, meta.prefill, scale, out)
+            self._prefill(q, k, v, k_cache, v_cache, meta.prefill, scale, out, window, softcap)
         return out
 
     @staticmethod
-    def _prefill(q, k, v, k_cache, v_cache, plan: GroupPlan, scale: float, out: torch.Tensor) -> None:
+    def _prefill(q, k, v, k_cache, v_cache, plan: GroupPlan, scale: float, out: torch.Tensor, window: int = 0,
+                 softcap: float = 0.0) -> None:
         """Fresh prompts (nothing cached) attend over their own new K/V; chunks that continue a cached
-        prefix gather it from the pages."""
+        prefix, and layers with a window or a soft cap, gather it from the pages."""
         group = plan.group
-        if not plan.fresh:
-            out[group.token_start:group.token_end] = _attend(q, k_cache, v_cache, plan, scale)
+        if not plan.fresh or window > 0 or softcap > 0:
+            out[group.token_start:group.token_end] = _attend(q, k_cache, v_cache, plan, scale, window, softcap)
             return
         start = group.token_start
         for n in group.query_lens:
@@ -111,16 +131,17 @@ class TorchRefBackend:
 
 
 def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: GroupPlan,
-            scale: float) -> torch.Tensor:
+            scale: float, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """The group's own rows of the step's queries, attended over the pages."""
     group = plan.group
-    return paged_attention(q[group.token_start:group.token_end], k_cache, v_cache, plan, scale)
+    return paged_attention(q[group.token_start:group.token_end], k_cache, v_cache, plan, scale, window, softcap)
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: GroupPlan,
-                    scale: float) -> torch.Tensor:
-    """Causal attention of one group's queries q [T, H, D] over their sequences' cached K/V. Each KV head
-    serves its group of query heads in one batched matmul; scores and softmax are fp32."""
+                    scale: float, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
+    """Causal attention of one group's queries q [T, H, D] over their sequences' cached K/V (the last
+    ``window`` keys where window > 0; scores capped by ``softcap`` where > 0). Each KV head serves its group
+    of query heads in one batched matmul; scores and softmax are fp32."""
     kvh, num_blocks, bs, d = k_cache.shape
     h = q.shape[1]
     g = h // kvh
@@ -133,7 +154,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         qg = q[plan.q_index].view(b, nq, kvh, g, d).permute(2, 0, 3, 1, 4).reshape(kvh * b, g * nq, d)
     qg = qg.to(keys.dtype)
     scores = torch.bmm(qg, keys.transpose(1, 2)).float().mul_(scale)
-    scores = scores.view(kvh, b, g, nq, s).add_(plan.bias.view(1, b, 1, nq, s))
+    if softcap > 0:
+        scores = torch.tanh(scores / softcap).mul_(softcap)
+    scores = scores.view(kvh, b, g, nq, s).add_(plan.bias_for(window).view(1, b, 1, nq, s))
     probs = scores.softmax(dim=-1).to(values.dtype).view(kvh * b, g * nq, s)
     out = torch.bmm(probs, values).to(q.dtype)  # [KVH * B, G * Q, D]
     if plan.q_index is None:

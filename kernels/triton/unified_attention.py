@@ -21,8 +21,9 @@ from actorserve.kernels.triton.rotary_kv import rotary_and_write_kv
 @triton.jit
 def _unified_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tables_ptr, token_seq_ptr, token_pos_ptr,
                               q_stride_t, q_stride_h, out_stride_t, out_stride_h, tables_stride, head_stride_cache,
-                              scale, num_groups, head_dim,
-                              BLOCK_SIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
+                              scale, num_groups, head_dim, window, softcap,
+                              BLOCK_SIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+                              SOFTCAP: tl.constexpr):
     t = tl.program_id(0)
     kv = tl.program_id(1)
     g = tl.arange(0, BLOCK_G)
@@ -40,15 +41,18 @@ def _unified_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tables_p
     acc = tl.zeros((BLOCK_G, BLOCK_D), tl.float32)
     cache_head = kv.to(tl.int64) * head_stride_cache
     num_blocks = pos // BLOCK_SIZE + 1
-    for j in range(0, num_blocks):
+    first = tl.where(window > 0, tl.maximum(pos - window + 1, 0), 0)  # a sliding window's first key
+    for j in range(first // BLOCK_SIZE, num_blocks):  # (blocks before the window's are never read)
         block = tl.load(tables_ptr + seq * tables_stride + j).to(tl.int64)
         key_pos = j * BLOCK_SIZE + n
-        visible = key_pos <= pos
+        visible = (key_pos <= pos) & (key_pos >= first)
         offsets = cache_head + (block * BLOCK_SIZE + n[:, None]) * head_dim + d[None, :]
         kv_mask = visible[:, None] & d_mask[None, :]
         keys = tl.load(k_cache_ptr + offsets, mask=kv_mask, other=0.0).to(tl.float32)
         values = tl.load(v_cache_ptr + offsets, mask=kv_mask, other=0.0).to(tl.float32)
         scores = tl.sum(q[:, None, :] * keys[None, :, :], axis=2) * scale  # [G, BLOCK_SIZE]
+        if SOFTCAP:  # softcap * tanh(scores / softcap), tanh by its exponential form
+            scores = softcap * (1.0 - 2.0 / (tl.exp(2.0 * scores / softcap) + 1.0))
         scores = tl.where(visible[None, :], scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))
         alpha = tl.exp(m - m_new)
@@ -62,9 +66,11 @@ def _unified_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tables_p
 
 
 def unified_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                      token_seq: torch.Tensor, token_pos: torch.Tensor, scale: float) -> torch.Tensor:
+                      token_seq: torch.Tensor, token_pos: torch.Tensor, scale: float, window: int = 0,
+                      softcap: float = 0.0) -> torch.Tensor:
     """q [T, H, D]; caches [KVH, num_blocks, block_size, D]; token t belongs to sequence ``token_seq[t]``
-    (a row of ``block_tables``) at position ``token_pos[t]`` and sees its keys 0 .. token_pos[t]."""
+    (a row of ``block_tables``) at position ``token_pos[t]`` and sees its keys 0 .. token_pos[t] (the last
+    ``window`` of them where window > 0), with scores capped by softcap * tanh(s / softcap) where > 0."""
     t, h, d = q.shape
     kvh, _, block_size, _ = k_cache.shape
     out = torch.empty_like(q)
@@ -74,9 +80,10 @@ def unified_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     groups = h // kvh
     _unified_attention_kernel[(t, kvh)](q, k_cache, v_cache, out, block_tables, token_seq, token_pos,
                                         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-                                        block_tables.stride(0), k_cache.stride(0), scale, groups, d,
-                                        BLOCK_SIZE=block_size, BLOCK_G=triton.next_power_of_2(groups),
-                                        BLOCK_D=triton.next_power_of_2(d))
+                                        block_tables.stride(0), k_cache.stride(0), scale, groups, d, window,
+                                        float(softcap), BLOCK_SIZE=block_size,
+                                        BLOCK_G=triton.next_power_of_2(groups), BLOCK_D=triton.next_power_of_2(d),
+                                        SOFTCAP=softcap > 0)
     return out
 
 
@@ -147,9 +154,11 @@ class TritonAttentionBackend:
         return TritonPlan(meta.slot_mapping, table, as_int(seqs), as_int(positions))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, meta: TritonPlan, scale: float) -> torch.Tensor:
+                v_cache: torch.Tensor, meta: TritonPlan, scale: float, window: int = 0,
+                softcap: float = 0.0) -> torch.Tensor:
         rotary_and_write_kv(q, k, v, None, k_cache, v_cache, meta.slot_mapping)
-        return unified_attention(q, k_cache, v_cache, meta.block_tables, meta.token_seq, meta.token_pos, scale)
+        return unified_attention(q, k_cache, v_cache, meta.block_tables, meta.token_seq, meta.token_pos, scale,
+                                 window, softcap)
 
 
 def _query_lens(group: SequenceGroup) -> tuple[int, ...]:

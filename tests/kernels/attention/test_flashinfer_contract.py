@@ -43,21 +43,28 @@ class _Wrapper:
             lo, hi = int(qo_indptr[b]), int(qo_indptr[b + 1])
             queries = q[lo:hi].float()
             scores = torch.einsum("qhd,khd->hqk", queries, keys) * self.planned["sm_scale"]
+            cap = self.planned["logits_soft_cap"]
+            if cap is not None:
+                scores = torch.tanh(scores / cap) * cap
             positions = torch.arange(n - (hi - lo), n)
-            scores.masked_fill_(torch.arange(n)[None, None, :] > positions[None, :, None], float("-inf"))
+            keys_at = torch.arange(n)[None, None, :]
+            scores.masked_fill_(keys_at > positions[None, :, None], float("-inf"))
+            if self.planned["window_left"] >= 0:  # keys more than window_left left of the query are out
+                scores.masked_fill_(keys_at < positions[None, :, None] - self.planned["window_left"], float("-inf"))
             out[lo:hi] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), values).to(q.dtype)
         return out
 
 
 class _Decode(_Wrapper):
     def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, *,
-             pos_encoding_mode, sm_scale, q_data_type, kv_data_type):
+             pos_encoding_mode, sm_scale, q_data_type, kv_data_type, window_left, logits_soft_cap):
         for x, name in ((indptr, "indptr"), (indices, "indices"), (last_page_len, "last_page_len")):
             _check_index(x, name)
         assert pos_encoding_mode == "NONE" and 1 <= int(last_page_len.min()) and int(last_page_len.max()) <= page_size
         self.plans += 1
         self.planned = dict(kv_indptr=indptr, kv_indices=indices, last=last_page_len, sm_scale=sm_scale,
-                            q_data_type=q_data_type, kv_data_type=kv_data_type)
+                            q_data_type=q_data_type, kv_data_type=kv_data_type, window_left=window_left,
+                            logits_soft_cap=logits_soft_cap)
 
     def run(self, q, caches):
         return self._attend(q, caches, torch.arange(q.shape[0] + 1))
@@ -65,14 +72,15 @@ class _Decode(_Wrapper):
 
 class _Prefill(_Wrapper):
     def plan(self, qo_indptr, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, *,
-             causal, sm_scale, q_data_type, kv_data_type):
+             causal, sm_scale, q_data_type, kv_data_type, window_left, logits_soft_cap):
         for x, name in ((qo_indptr, "qo_indptr"), (indptr, "indptr"), (indices, "indices"),
                         (last_page_len, "last_page_len")):
             _check_index(x, name)
         assert causal
         self.plans += 1
         self.planned = dict(kv_indptr=indptr, kv_indices=indices, last=last_page_len, sm_scale=sm_scale,
-                            q_data_type=q_data_type, kv_data_type=kv_data_type, qo_indptr=qo_indptr)
+                            q_data_type=q_data_type, kv_data_type=kv_data_type, qo_indptr=qo_indptr,
+                            window_left=window_left, logits_soft_cap=logits_soft_cap)
 
     def run(self, q, caches):
         return self._attend(q, caches, self.planned["qo_indptr"])
@@ -95,8 +103,9 @@ def _group(lens, contexts, tables, start, index_dtype):
                          max(lens), max(seq), tuple(lens), tuple(contexts))
 
 
+@pytest.mark.parametrize("window, softcap", [(0, 0.0), (5, 0.0), (3, 0.5)], ids=["plain", "window", "window+cap"])
 @pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
-def test_the_kernels_get_int32_indices_and_contiguous_tensors_and_the_right_pages(index_dtype):
+def test_the_kernels_get_int32_indices_and_contiguous_tensors_and_the_right_pages(index_dtype, window, softcap):
     g = torch.Generator().manual_seed(0)
     kvh, h, d, bs, blocks = 2, 4, 16, 4, 20
     decode = _group([1, 1, 1], [8, 3, 0], [[4, 9, 2], [7], [11]], 0, index_dtype)
@@ -114,14 +123,14 @@ def test_the_kernels_get_int32_indices_and_contiguous_tensors_and_the_right_page
     ref_meta = AttentionMetadata(torch.tensor(slots), _group([1, 1, 1], [8, 3, 0], [[4, 9, 2], [7], [11]], 0,
                                                              torch.int64),
                                  _group([6, 2], [0, 5], [[1, 3], [5, 6]], 3, torch.int64))
-    expected = ref.forward(q, k, v, ref_cache[0], ref_cache[1], ref.prepare(ref_meta), d ** -0.5)
+    expected = ref.forward(q, k, v, ref_cache[0], ref_cache[1], ref.prepare(ref_meta), d ** -0.5, window, softcap)
 
     backend = FlashInferBackend(kvh, blocks, bs, kernels=FakeFlashInfer())
     assert backend.kv_cache_shape(blocks, bs, kvh, d) == (blocks, bs, kvh, d)
     caches = [c.permute(1, 2, 0, 3).contiguous() for c in before]  # the same cache, in FlashInfer's layout
     plan = backend.prepare(meta)
     for layer in range(2):  # planned once a step, run in every layer
-        got = backend.forward(q, k, v, caches[0], caches[1], plan, d ** -0.5)
+        got = backend.forward(q, k, v, caches[0], caches[1], plan, d ** -0.5, window, softcap)
     torch.testing.assert_close(got, expected, atol=2e-2, rtol=2e-2)
     assert [w.plans for w in backend._wrappers.values()] == [1, 1]
     written = ref_cache.permute(0, 2, 3, 1, 4).reshape(2, -1, kvh, d)[:, slots]

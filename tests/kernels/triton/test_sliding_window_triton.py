@@ -1,0 +1,28 @@
+"""The triton kernel's sliding window and soft cap, in its interpreter, against the torch backend on the
+cases of tests/kernels/attention/test_sliding_window.py; the blocks wholly before a row's window hold NaN
+and are never read."""
+import pytest
+import torch
+
+from actorserve.kernels.attention import AttentionMetadata, TorchRefBackend
+from tests.kernels.attention.test_sliding_window import BLOCKS, BS, CASES, D, IDS, KVH, _poison_before_windows, \
+    _step, _written
+
+
+@pytest.mark.parametrize("window, softcap", CASES, ids=IDS)
+def test_the_triton_kernel_matches_and_never_reads_before_the_window(window, softcap, device):
+    from actorserve.kernels.triton.unified_attention import TritonAttentionBackend
+
+    meta, q, k, v, cache = _step(torch.float32)
+    ref = TorchRefBackend(KVH, BLOCKS, BS)
+    ref_caches = cache.clone()
+    expected = ref.forward(q, k, v, ref_caches[0], ref_caches[1], ref.prepare(meta), D ** -0.5, window, softcap)
+    poisoned, _ = _poison_before_windows(_written(cache, k, v, meta), meta, window)
+    backend = TritonAttentionBackend(KVH, BLOCKS, BS)
+    to = lambda x: x.to(device)  # noqa: E731
+    caches = to(poisoned)
+    meta_dev = AttentionMetadata(to(meta.slot_mapping), meta.decode, meta.prefill)
+    got = backend.forward(to(q), to(k), to(v), caches[0], caches[1], backend.prepare(meta_dev), D ** -0.5,
+                          window, softcap).cpu()
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
