@@ -26,8 +26,12 @@ def model_facts(loaded: LoadedModel, config: EngineConfig, num_blocks: int) -> M
     eos = tok.eos_token_id if tok is not None and tok.eos_token_id is not None else loaded.cfg.eos_token_id
     max_len = config.model.max_model_len or loaded.cfg.max_position_embeddings
     # vocab_size is the embedding rows (load_weights checked the checkpoint against it).
+    spec = config.scheduler.speculative_config
+    # (a draft model keeps its own keys on the same blocks, whatever window the target has)
+    frees = loaded.cfg.all_layers_windowed and not (spec is not None and spec.method == "draft_model")
     return ModelFacts(vocab_size=loaded.cfg.vocab_size, eos_token_id=eos,
-                      max_model_len=max_len, num_kv_blocks=num_blocks)
+                      max_model_len=max_len, num_kv_blocks=num_blocks,
+                      sliding_window=loaded.cfg.sliding_window if frees else None)
 
 
 def num_kv_blocks(loaded: LoadedModel, config: EngineConfig, per_block: int) -> int:

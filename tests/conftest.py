@@ -135,14 +135,19 @@ def save_tiny_model(kind: str, directory: Path, seed: int = 0, **overrides) -> P
              "qwen3": transformers.Qwen3Config, "mistral": transformers.MistralConfig,
              "phi3": transformers.Phi3Config, "qwen3_moe": transformers.Qwen3MoeConfig,
              "qwen2_moe": transformers.Qwen2MoeConfig, "mixtral": transformers.MixtralConfig,
-             "olmoe": transformers.OlmoeConfig}[kind]
+             "olmoe": transformers.OlmoeConfig, "gemma2": transformers.Gemma2Config,
+             "gemma3": transformers.Gemma3TextConfig}[kind]
     config = klass(**common)
+    if kind == "gemma3":  # (its config class is the text model's; the checkpoint names the causal LM)
+        config.architectures = ["Gemma3ForCausalLM"]
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
     with torch.no_grad():  # spread the logits so greedy choices are far from ties
-        for p in model.parameters():
+        for name, p in model.named_parameters():
             if p.dim() >= 2:  # (MoE experts are stacked, 3-D)
                 p.normal_(0.0, 0.08)
+            elif kind.startswith("gemma") and name.endswith("norm.weight"):  # (1 + w: zeros would hide w)
+                p.normal_(0.0, 0.3)
     model.save_pretrained(directory)
     return directory
 

@@ -38,6 +38,8 @@ class ModelFacts:
     eos_token_id: Optional[int]
     max_model_len: int
     num_kv_blocks: int
+    # every layer slides over this many tokens: blocks that fall out of the window are freed (None: keep all)
+    sliding_window: Optional[int] = None
 
 
 class _Sequence:
@@ -86,7 +88,8 @@ class EngineCore:
         self.executor = executor
         self.tokenizer = tokenizer
         self.limits = RequestLimits(facts.vocab_size, facts.max_model_len, config.scheduler.max_n)
-        self.kv = KVCacheManager(facts.num_kv_blocks, block_size, config.cache.enable_prefix_caching)
+        self.kv = KVCacheManager(facts.num_kv_blocks, block_size, config.cache.enable_prefix_caching,
+                                 facts.sliding_window)
         self.scheduler = Scheduler(config.scheduler, self.kv, facts.vocab_size)
         self.structured = StructuredOutputManager(tokenizer, facts.vocab_size, facts.eos_token_id)
         self._groups: dict[str, _Group] = {}

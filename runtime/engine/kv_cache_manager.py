@@ -2,6 +2,12 @@
 
 The scheduler asks for room for N more tokens of a request; this module finds cached prefix blocks first,
 allocates the rest, and publishes blocks to the cache as they fill.
+
+Where every layer of the model slides over a window, a block whose tokens have all fallen out of the
+window of every token still to come is read by no one again: it goes back to the pool (cached, where
+prefix caching is on, so an equal prompt may still revive it), and its place in the table takes the null
+block, which is never handed out or written. The attention kernels start each row at its window's first
+block, so they never read it.
 """
 from __future__ import annotations
 
@@ -12,12 +18,20 @@ from actorserve.runtime.engine.request import Request
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
+                 sliding_window: Optional[int] = None) -> None:
         self.block_size = block_size
         self.pool = BlockPool(num_blocks, enable_caching)
         self._tables: dict[str, list[Block]] = {}
         self._hashes: dict[str, list[int]] = {}  # chained hashes of the request's full blocks so far
         self._num_published: dict[str, int] = {}
+        self.sliding_window = sliding_window
+        self.null_block: Optional[Block] = None
+        self._num_dropped: dict[str, int] = {}  # leading blocks of each table given back, out of the window
+        if sliding_window is not None:
+            if sliding_window < 1:
+                raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
+            self.null_block = self.pool.allocate(1)[0]  # held for good: the pool never hands it out
 
     def block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self._tables.get(request_id, ())]
@@ -62,6 +76,21 @@ class KVCacheManager:
         for i in range(start, full):
             self.pool.cache(table[i], hashes[i])
         self._num_published[request.request_id] = max(start, full)
+        if self.sliding_window is not None:
+            self._drop_out_of_window(request, table, full)
+
+    def _drop_out_of_window(self, request: Request, table: list[Block], published: int) -> None:
+        """Give back the leading blocks no later token's window reaches: the next token, at position
+        num_computed_tokens, sees keys from num_computed_tokens - window + 1 on. Only published (or, with
+        caching off, full and computed) blocks go."""
+        first_seen = request.num_computed_tokens - self.sliding_window + 1
+        end = min(max(first_seen, 0) // self.block_size, published, len(table))
+        start = self._num_dropped.get(request.request_id, 0)
+        if end <= start:
+            return
+        self.pool.free(table[start:end])
+        table[start:end] = [self.null_block] * (end - start)
+        self._num_dropped[request.request_id] = end
 
     def trim(self, request: Request, num_tokens: int) -> None:
         """Give back the blocks past the first ``num_tokens`` tokens (rejected draft tokens' slots); none of
@@ -74,6 +103,6 @@ class KVCacheManager:
 
     def free(self, request: Request) -> None:
         table = self._tables.pop(request.request_id, [])
-        self.pool.free(table)
+        self.pool.free(table[self._num_dropped.pop(request.request_id, 0):])
         self._hashes.pop(request.request_id, None)
         self._num_published.pop(request.request_id, None)

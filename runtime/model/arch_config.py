@@ -38,31 +38,65 @@ class ArchConfig:
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE's shared expert (0: none)
     moe_prefix: str = "mlp"  # where the checkpoint keeps a sparse MLP's tensors, under its layer
     expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # each expert's gate, up, down
+    # sliding windows: the layers that see only their last ``sliding_window`` keys (the rest see all)
+    sliding_window: Optional[int] = None
+    sliding_layers: tuple[int, ...] = ()
+    rope_local_theta: Optional[float] = None  # the sliding layers' own rotary base (Gemma 3), else theirs is rope_theta
+    # Gemma 2 / 3
+    hidden_act: str = "silu"  # the gated MLP's activation: "silu", or "gelu_tanh"
+    embed_scale: bool = False  # embeddings multiplied by sqrt(hidden_size)
+    sandwich_norms: bool = False  # a norm after attention and around the MLP (pre and post feedforward)
+    norm_offset: bool = False  # the checkpoint's RMSNorm weights w mean 1 + w (HF Gemma; GGUF stores 1 + w)
+    query_scale: Optional[float] = None  # attention's scale, where it is not head_dim ** -0.5
+    attn_softcap: float = 0.0  # attention scores capped by c * tanh(s / c) (0: none)
+    final_softcap: float = 0.0  # logits capped so
 
     def __post_init__(self) -> None:
         if self.arch not in SUPPORTED:
             raise ValueError(f"unsupported architecture {self.arch!r}; supported: {', '.join(SUPPORTED)}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        if self.sliding_layers and not (self.sliding_window and self.sliding_window > 0):
+            raise ValueError(f"sliding layers need a positive sliding_window, got {self.sliding_window}")
+        if self.hidden_act not in ("silu", "gelu_tanh"):
+            raise ValueError(f"unsupported activation {self.hidden_act!r}; supported: silu, gelu_tanh")
+
+    def window_of(self, layer: int) -> int:
+        """The layer's sliding window in tokens, 0 where it sees every key."""
+        return self.sliding_window if layer in self.sliding_layers else 0
+
+    @property
+    def all_layers_windowed(self) -> bool:
+        """Every layer slides: keys that fall out of the window are never read again (the KV manager
+        frees their blocks)."""
+        return bool(self.sliding_layers) and len(self.sliding_layers) == self.num_layers
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> "ArchConfig":
         family = family_of_hf(cfg).name
         heads = cfg["num_attention_heads"]
-        window = cfg.get("sliding_window")
-        if family in ("mistral", "phi3", "mixtral") and window is not None and \
-                window < cfg.get("max_position_embeddings", 0):
-            raise ValueError(f"a sliding window of {window} tokens (shorter than the model's "
-                             f"{cfg.get('max_position_embeddings')} positions) is not supported yet")
         if float(cfg.get("partial_rotary_factor", 1.0)) != 1.0:
             raise ValueError(f"partial rotary (factor {cfg['partial_rotary_factor']}) is not supported yet")
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+        local_rope = None
+        if "full_attention" in rope:  # per layer type (Gemma 3): the global layers' rope, and the local base
+            local_rope = rope.get("sliding_attention") or {}
+            rope = rope["full_attention"] or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
         eos = cfg.get("eos_token_id")
         moe = _moe_fields(family, cfg)
+        gemma = family in ("gemma2", "gemma3")
         return cls(
             **moe,
+            **_window_fields(family, cfg),
+            rope_local_theta=None if local_rope is None else float(
+                local_rope.get("rope_theta", cfg.get("rope_local_base_freq", 10000.0))),
+            hidden_act="gelu_tanh" if gemma else "silu",
+            embed_scale=gemma, sandwich_norms=gemma, norm_offset=gemma,
+            query_scale=float(cfg["query_pre_attn_scalar"]) ** -0.5 if gemma else None,
+            attn_softcap=float(cfg.get("attn_logit_softcapping") or 0.0) if gemma else 0.0,
+            final_softcap=float(cfg.get("final_logit_softcapping") or 0.0) if gemma else 0.0,
             arch=family,
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
@@ -76,13 +110,32 @@ class ArchConfig:
             max_position_embeddings=cfg.get("max_position_embeddings", 2048),
             tie_word_embeddings=cfg.get("tie_word_embeddings", False),
             attention_bias=cfg.get("attention_bias", family in ("qwen2", "qwen2_moe")),
-            qk_norm=family in ("qwen3", "qwen3_moe"),
+            qk_norm=family in ("qwen3", "qwen3_moe", "gemma3"),
             rope_scaling=dict(rope) if rope_type not in ("default", None) else None,
             eos_token_id=eos[0] if isinstance(eos, list) else eos,
             fused_checkpoint=family == "phi3",
             qk_norm_whole=family == "olmoe",
             clip_qkv=cfg.get("clip_qkv") if family == "olmoe" else None,
         )
+
+
+def _window_fields(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The sliding-window fields of ArchConfig: which layers slide, over how many tokens. A window no
+    shorter than the model's positions slides nowhere."""
+    window = cfg.get("sliding_window")
+    layers = cfg["num_hidden_layers"]
+    if family in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and not cfg.get("use_sliding_window"):
+        window = None
+    if not window or window >= cfg.get("max_position_embeddings", 2048) and family not in ("gemma2", "gemma3"):
+        return {}
+    types = cfg.get("layer_types")
+    if types:
+        sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+    elif family in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):  # (layers from max_window_layers on slide)
+        sliding = tuple(range(cfg.get("max_window_layers", layers), layers))
+    else:
+        sliding = tuple(range(layers))
+    return dict(sliding_window=int(window), sliding_layers=sliding) if sliding else {}
 
 
 def _moe_fields(family: str, cfg: dict[str, Any]) -> dict[str, Any]:

@@ -256,6 +256,7 @@ class DecodePlanner:
         rotary_label = cpu_rows.profile_name("rotary", self.dtype)
         self.layers += 1
         heads, kvh, d, scale = attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale
+        window, softcap = attn.window, attn.softcap
         q_size, q_end = attn.q_size, attn.q_size + attn.kv_size
         q_norm, k_norm = attn.q_norm, attn.k_norm
         out = self._rows("att", heads * d)
@@ -282,7 +283,7 @@ class DecodePlanner:
                 raise IndexError("write_kv: a slot is outside the KV cache")
             rc = call(cpu_decode.PROFILE_NAME, at.paged_decode, q_p, q_stride, k_cache.data_ptr(),
                       v_cache.data_ptr(), st.tables_p, st.tables_w, None, st.lens_p, st.ptrs[out.slot], t, heads, kvh,
-                      nb, bs, d, scale, threads)
+                      nb, bs, d, scale, window, softcap, threads)
             if rc != 0:
                 raise RuntimeError(f"paged_decode failed ({rc}): shapes outside the kernel, or out of memory")
         self.emit("attention", op)
@@ -338,8 +339,10 @@ class DecodeFastPath:
         if (ew is None or attn is None or not isinstance(backend, cpu_decode.CpuDecodeBackend)
                 or next(model.parameters()).device.type != "cpu"
                 or model.rotary is None or model.num_local_layers == 0 or not hasattr(model, "decode_plan")
-                # (sparse MLPs and whole-projection q/k norms have no decode plan yet: the module path serves them)
-                or model.cfg.sparse_layers or model.cfg.qk_norm_whole):
+                # (sparse MLPs, whole-projection q/k norms and Gemma's layers have no decode plan yet: the
+                # module path serves them)
+                or model.cfg.sparse_layers or model.cfg.qk_norm_whole or model.cfg.sandwich_norms
+                or model.cfg.hidden_act != "silu" or model.cfg.embed_scale or model.rotary_local is not None):
             return None
         planner = DecodePlanner(model.cfg.hidden_size, dtype, ew, attn,
                                 int8.library() if dtype == torch.bfloat16 else None)

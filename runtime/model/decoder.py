@@ -1,8 +1,8 @@
-"""Llama-family decoder (Llama, SmolLM2, Qwen2, Qwen3) over a paged KV cache.
+"""The decoder of every family in ``runtime.model.registry`` over a paged KV cache.
 
 Parameter names follow transformers' checkpoints, so an HF state dict loads as it is and a GGUF file is
-renamed into the same names. Architectures differ only in switches of ArchConfig (qkv bias, q/k norm,
-head_dim, tied embeddings, rope scaling).
+renamed into the same names. Families differ only in switches of ArchConfig (qkv bias, q/k norms,
+head_dim, tied embeddings, rope scaling, sliding windows, sparse MLPs, Gemma's norms and soft caps).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from actorserve.runtime.model.moe import SparseMoE
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ArchConfig) -> None:
+    def __init__(self, cfg: ArchConfig, index: int) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         # q, k and v in one GEMM; the checkpoint's q_proj/k_proj/v_proj are row ranges of it (SHARDS).
@@ -33,7 +33,8 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(q_norm, cfg.rms_norm_eps) if cfg.qk_norm or cfg.qk_norm_whole else None
         self.k_norm = RMSNorm(k_norm, cfg.rms_norm_eps) if cfg.qk_norm or cfg.qk_norm_whole else None
         self.clip_qkv = cfg.clip_qkv
-        self.scale = cfg.head_dim ** -0.5
+        self.scale = cfg.query_scale or cfg.head_dim ** -0.5
+        self.window, self.softcap = cfg.window_of(index), cfg.attn_softcap
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: Any, backend: AttentionBackend) -> torch.Tensor:
@@ -54,7 +55,7 @@ class Attention(nn.Module):
             k = self.k_norm(qkv[:, self.q_size:self.q_size + self.kv_size].reshape(t, self.num_kv_heads,
                                                                                     self.head_dim))
             q, k = apply_rotary(q, rope), apply_rotary(k, rope)
-        out = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        out = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, self.window, self.softcap)
         return self.o_proj(out.reshape(t, -1))
 
     def decode_plan(self, planner, x):
@@ -67,13 +68,20 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ArchConfig, index: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, index)
+        # Llama's norm before the MLP; Gemma's norm of the attention output, with two more around the MLP
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.sandwich = cfg.sandwich_norms
+        if self.sandwich:
+            self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # the layer's rotary table: a sliding layer's own where the model has one (Gemma 3)
+        self.local_rope = cfg.rope_local_theta is not None and index in cfg.sliding_layers
         if index in cfg.sparse_layers:
             self.mlp = SparseMoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts,
                                  cfg.num_experts_per_tok, cfg.norm_topk_prob, cfg.shared_expert_intermediate_size)
         else:
-            self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+            self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
 
     def forward(self, x, residual, rope, kv_cache, meta, backend):
         """The residual stream is ``residual + x`` (just ``x`` at the first layer, where residual is None):
@@ -83,8 +91,12 @@ class DecoderLayer(nn.Module):
             residual, normed = x, self.input_layernorm(x)
         else:
             residual, normed = self.input_layernorm.add_forward(residual, x)
-        residual, normed = self.post_attention_layernorm.add_forward(
-            residual, self.self_attn(normed, rope, kv_cache, meta, backend))
+        attended = self.self_attn(normed, rope, kv_cache, meta, backend)
+        if self.sandwich:
+            residual, normed = self.pre_feedforward_layernorm.add_forward(
+                residual, self.post_attention_layernorm(attended))
+            return self.post_feedforward_layernorm(self.mlp(normed)), residual
+        residual, normed = self.post_attention_layernorm.add_forward(residual, attended)
         return self.mlp(normed), residual
 
     def decode_plan(self, planner, delta):
@@ -151,6 +163,7 @@ class CausalLM(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False) if untied_head else None
         self._tied_head: Optional[PreparedWeight] = None  # set by prepack or hold_tied_head
         self.rotary: Optional[RotaryEmbedding] = None
+        self.rotary_local: Optional[RotaryEmbedding] = None  # the sliding layers' own (Gemma 3)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -226,16 +239,30 @@ class CausalLM(nn.Module):
         inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, rope_freq_factors)
         device = next(self.parameters()).device
         self.rotary = RotaryEmbedding(cfg.head_dim, self.max_positions, inv_freq).to(device)
+        if cfg.rope_local_theta is not None:
+            local = rope_inv_freq(cfg.head_dim, cfg.rope_local_theta, None, rope_freq_factors)
+            self.rotary_local = RotaryEmbedding(cfg.head_dim, self.max_positions, local).to(device)
+
+    def offset_norms(self) -> None:
+        """Every RMSNorm weight w becomes 1 + w (in fp32, then the model's dtype): what Gemma's
+        checkpoints mean by their norms, held so that the norms compute as every other family's."""
+        with torch.no_grad():
+            for m in self.modules():
+                if isinstance(m, RMSNorm):
+                    m.weight.copy_(m.weight.float() + 1.0)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: Any,
                 backend: AttentionBackend, hidden_in: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``meta`` is the attention backend's plan of the step (``backend.prepare``)."""
         x = self.model.embed_tokens(input_ids) if self.stage.first else hidden_in
+        if self.stage.first and self.cfg.embed_scale:  # (Gemma: sqrt(hidden_size) in the model's dtype)
+            x = x * torch.tensor(self.cfg.hidden_size ** 0.5, dtype=x.dtype)
         rope = self.rotary.table(positions, x.dtype)
+        rope_local = self.rotary_local.table(positions, x.dtype) if self.rotary_local is not None else None
         residual = None
         for layer, kv in zip(self.model.layers.values(), kv_caches):
-            x, residual = layer(x, residual, rope, kv, meta, backend)
+            x, residual = layer(x, residual, rope_local if layer.local_rope else rope, kv, meta, backend)
         if residual is None:  # a stage without layers
             return self.model.norm(x) if self.stage.last else x
         if self.stage.last:
@@ -301,9 +328,13 @@ class CausalLM(nn.Module):
         return packed + sum(p.numel() for p in self.parameters())
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits in the model's dtype; the sampler widens them to fp32 where it needs more than an argmax."""
+        """Logits in the model's dtype; the sampler widens them to fp32 where it needs more than an argmax.
+        Gemma 2 caps them by c * tanh(logits / c)."""
         if self.lm_head is not None:
-            return self.lm_head(hidden)
-        if self._tied_head is not None:  # faster than the skinny kernel on the plain table even at 1 row
-            return linear(hidden, None, None, self._tied_head)
-        return linear(hidden, self.model.embed_tokens.weight)
+            logits = self.lm_head(hidden)
+        elif self._tied_head is not None:  # faster than the skinny kernel on the plain table even at 1 row
+            logits = linear(hidden, None, None, self._tied_head)
+        else:
+            logits = linear(hidden, self.model.embed_tokens.weight)
+        cap = self.cfg.final_softcap
+        return torch.tanh(logits / cap) * cap if cap else logits

@@ -5,6 +5,7 @@ import math
 from typing import Any, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from actorserve.kernels.elementwise import add_rms_norm, rms_norm, rotary, silu_mul
@@ -105,12 +106,16 @@ class RMSNorm(nn.Module):
 
 
 class GatedMLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int) -> None:
+    def __init__(self, hidden: int, intermediate: int, act: str = "silu") -> None:
         super().__init__()
         self.gate_up_proj = Linear(hidden, 2 * intermediate, bias=False)  # gate_proj and up_proj, one GEMM
         self.down_proj = Linear(intermediate, hidden, bias=False)
+        self.act = act  # "silu", or "gelu_tanh" (Gemma's GELU, tanh approximation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.act == "gelu_tanh":
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            return self.down_proj(F.gelu(gate, approximate="tanh") * up)
         gate_up, down = self.gate_up_proj.packed, self.down_proj.packed
         if isinstance(gate_up, Int8Weight) and isinstance(down, Int8Weight):
             # int8 both sides: the activation runs on the int32 product and hands down_proj int8 rows

@@ -151,6 +151,8 @@ def load_model(model: Optional[str], dtype: str = "float32", max_positions: Opti
     else:
         tensors = hf_weights.iter_tensors(path, wanted)
     freq_factors = load_weights(net, tensors, layout)
+    if reader is None and cfg.norm_offset:  # (GGUF files store Gemma's norms as 1 + w already)
+        net.offset_norms()
     if net.lm_head is None and stage.last and net.model.embed_tokens.blocks is not None:
         net.hold_tied_head(net.model.embed_tokens.blocks)  # the lookups' blocks, one copy for both
     method.prepare(net, _DTYPES[dtype])

@@ -25,18 +25,21 @@ class Family:
 FAMILIES: tuple[Family, ...] = (
     Family("llama", ("LlamaForCausalLM",), ("llama",), ("llama",),
            "Llama 2 / 3 / 3.1 / 3.2 (llama3 and linear rope scaling), SmolLM / SmolLM2, TinyLlama"),
-    Family("mistral", ("MistralForCausalLM",), ("mistral",), (),
-           "Mistral 7B v0.2 and later, whose sliding window is off or no shorter than the context"),
+    Family("mistral", ("MistralForCausalLM",), ("mistral",), (), "Mistral 7B (its sliding window too)"),
+    Family("gemma2", ("Gemma2ForCausalLM",), ("gemma2",), (),
+           "Gemma 2 (alternating sliding and global layers, attention and logit soft-capping)"),
+    Family("gemma3", ("Gemma3ForCausalLM",), ("gemma3_text",), (),
+           "Gemma 3 text models (sliding layers with their own rotary base, q and k norms)"),
     Family("qwen2", ("Qwen2ForCausalLM",), ("qwen2",), ("qwen2",), "Qwen2 / Qwen2.5 (q, k, v biases)"),
     Family("qwen3", ("Qwen3ForCausalLM",), ("qwen3",), ("qwen3",), "Qwen3 dense (q and k norms)"),
     Family("phi3", ("Phi3ForCausalLM",), ("phi3",), (),
-           "Phi-3 / Phi-3.5 mini (fused qkv and gate-up weights; without LongRoPE scaling)"),
+           "Phi-3 / Phi-3.5 mini (fused qkv and gate-up weights, sliding window; without LongRoPE scaling)"),
     Family("qwen3_moe", ("Qwen3MoeForCausalLM",), ("qwen3_moe",), (),
            "Qwen3-MoE (top-k routing, renormalised where norm_topk_prob)"),
     Family("qwen2_moe", ("Qwen2MoeForCausalLM",), ("qwen2_moe",), (),
            "Qwen1.5-MoE / Qwen2-MoE (top-k routing and a gated shared expert)"),
     Family("mixtral", ("MixtralForCausalLM",), ("mixtral",), (),
-           "Mixtral 8x7B / 8x22B (top-2 routing, renormalised), whose sliding window is off"),
+           "Mixtral 8x7B / 8x22B (top-2 routing, renormalised)"),
     Family("olmoe", ("OlmoeForCausalLM",), ("olmoe",), (),
            "OLMoE (q and k norms over the whole projection, top-k routing without renormalisation)"),
 )
@@ -45,6 +48,14 @@ NAMES = tuple(f.name for f in FAMILIES)
 
 def supported() -> str:
     return "; ".join(f"{', '.join(f.hf_architectures)} ({f.models})" for f in FAMILIES)
+
+
+def markdown() -> str:
+    """The README's list of supported architectures (``python -m actorserve.runtime.model.registry``
+    prints it; a test checks the README against it)."""
+    return "\n".join(f"- `{arch}`: {f.models}" + (f" (GGUF `{'`, `'.join(f.gguf_architectures)}`)"
+                                                   if f.gguf_architectures else "")
+                     for f in FAMILIES for arch in f.hf_architectures)
 
 
 def family_of_hf(config: dict[str, Any]) -> Family:
@@ -68,3 +79,7 @@ def family_of_gguf(arch: str) -> Family:
             return family
     gguf = sorted(a for f in FAMILIES for a in f.gguf_architectures)
     raise ModelLoadError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(gguf)}")
+
+
+if __name__ == "__main__":
+    print(markdown())

@@ -79,7 +79,8 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.device = torch.device(device)
         dtype = model.dtype
-        needs = AttentionNeeds(self.device.type, dtype, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, block_size)
+        needs = AttentionNeeds(self.device.type, dtype, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, block_size,
+                               cfg.sliding_window)
         self.backend = select_attention(needs, attention_backend)(cfg.num_kv_heads, num_blocks, block_size)
         shape = self.backend.kv_cache_shape(num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.kv_caches = _zeroed_caches(shape, dtype, self.device, model.num_local_layers)

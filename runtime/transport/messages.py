@@ -146,6 +146,7 @@ class WorkerReady(msgspec.Struct, tag="worker_ready", frozen=True):
     eos_token_id: Optional[int]
     max_model_len: int
     num_kv_blocks: int
+    sliding_window: Optional[int] = None  # ModelFacts.sliding_window
 
 
 class Shutdown(msgspec.Struct, tag="shutdown", frozen=True):

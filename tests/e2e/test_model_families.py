@@ -16,7 +16,9 @@ SHAPES = {
     "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                       shared_expert_intermediate_size=48, decoder_sparse_step=1, mlp_only_layers=[]),
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
-    "mistral": dict(sliding_window=None),
+    "mistral": dict(sliding_window=8),  # windows shorter than the chat prompt
+    "gemma2": dict(sliding_window=8, head_dim=32),
+    "gemma3": dict(sliding_window=8, head_dim=32),
     "olmoe": dict(num_experts=4, num_experts_per_tok=2),
 }
 

@@ -61,3 +61,54 @@ def test_token_slice_spans_prompt_and_output():
     for start in range(6):
         for end in range(start, 6):
             assert r.token_slice(start, end) == [1, 2, 3, 4, 5][start:end]
+
+
+def _compute(kv, req, n):
+    """n more of the request's tokens computed, as a step does: room for them, then their blocks published."""
+    assert kv.allocate(req, n)
+    req.num_computed_tokens += n
+    kv.publish_full_blocks(req)
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_a_sliding_window_gives_back_the_blocks_it_has_left(caching):
+    """Window 6, blocks of 4: once the next token's window starts past a block, the block goes back to the
+    pool and the null block takes its place in the table; the tokens that still need it keep it."""
+    kv = KVCacheManager(num_blocks=10, block_size=4, enable_caching=caching, sliding_window=6)
+    null = kv.null_block.block_id
+    assert kv.pool.num_free_blocks == 9  # the null block is never handed out
+    a = _req("a", range(9))
+    _compute(kv, a, 9)  # the next token (position 9) sees 4 .. 9: block 0 (0 .. 3) is out
+    assert kv.block_ids("a")[0] == null and null not in kv.block_ids("a")[1:]
+    assert kv.pool.num_free_blocks == 9 - 3 + 1
+    a.output_token_ids += [1, 2, 3]
+    _compute(kv, a, 3)  # next is 12, which sees 7 ..: block 1 (4 .. 7) is needed still
+    assert kv.block_ids("a")[:2] == [null, kv.block_ids("a")[1]] and kv.block_ids("a")[1] != null
+    a.output_token_ids += [4]
+    _compute(kv, a, 1)  # next is 13, which sees 8 ..: block 1 goes too
+    assert kv.block_ids("a")[:2] == [null, null]
+    assert kv.pool.num_free_blocks == 9 - 4 + 2
+    kv.free(a)
+    assert kv.pool.num_free_blocks == 9  # everything but the null block, each block freed once
+
+
+def test_a_sliding_window_block_given_back_stays_cached_for_an_equal_prompt():
+    kv = KVCacheManager(num_blocks=10, block_size=4, sliding_window=4)
+    a = _req("a", range(13))
+    _compute(kv, a, 13)
+    dropped = kv.pool.blocks[[b for b in range(10) if b != kv.null_block.block_id][0]]
+    assert kv.block_ids("a")[:2] == [kv.null_block.block_id] * 2
+    b = _req("b", range(13))
+    cached = kv.find_cached_prefix(b)  # the whole prompt's full blocks, the given-back ones revived
+    assert len(cached) == 3 and dropped in cached
+    assert kv.allocate(b, 1, cached)
+    kv.free(a)
+    kv.free(b)
+    assert kv.pool.num_free_blocks == 9
+
+
+def test_without_a_window_nothing_is_given_back():
+    kv = KVCacheManager(num_blocks=10, block_size=4)
+    a = _req("a", range(30))
+    _compute(kv, a, 30)
+    assert kv.null_block is None and kv.pool.num_free_blocks == 10 - 8

@@ -1,5 +1,6 @@
-"""Acceptance: tiny random Llama/Mistral/Qwen2/Qwen3/Phi-3 and Qwen3-MoE/Qwen2-MoE/Mixtral/OLMoE logits equal
-transformers' through prefill and 16 decodes."""
+"""Acceptance: tiny random Llama/Mistral/Qwen2/Qwen3/Phi-3/Gemma 2/Gemma 3 and Qwen3-MoE/Qwen2-MoE/Mixtral/OLMoE
+logits equal transformers' through prefill and 16 decodes; the sliding windows (Mistral's, Phi-3's, Gemma's
+alternating ones) are shorter than the prompts, so they slide."""
 import pytest
 import torch
 
@@ -15,7 +16,15 @@ FAMILIES = {
     "qwen2": dict(tie_word_embeddings=True),
     "qwen3": dict(head_dim=32, attention_bias=False),
     "mistral": dict(sliding_window=None),
-    "phi3": dict(pad_token_id=None, tie_word_embeddings=True),
+    "mistral-window": dict(sliding_window=12, head_dim=32),  # (the C kernel and the decode fast path)
+    "phi3": dict(pad_token_id=None, tie_word_embeddings=True, sliding_window=20),
+    # soft caps low enough to bite; query_pre_attn_scalar unlike head_dim; windows, a global layer between
+    "gemma2": dict(head_dim=32, sliding_window=10, query_pre_attn_scalar=24, attn_logit_softcapping=1.5,
+                   final_logit_softcapping=3.0, num_hidden_layers=3, tie_word_embeddings=True),
+    "gemma3": dict(head_dim=32, sliding_window=9, query_pre_attn_scalar=40, num_hidden_layers=3,
+                   layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                   rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 100000.0},
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
     # mixture of experts: renormalised top-k or not, a dense layer between sparse ones, a shared expert
     "qwen3_moe": dict(head_dim=32, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=48,
                       norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1]),
@@ -54,7 +63,7 @@ class RecordingExecutor:
 def test_logits_match_transformers(family, budget, tmp_path):
     import transformers
 
-    directory = save_tiny_model(family, tmp_path / family, seed=1, **FAMILIES[family])
+    directory = save_tiny_model(family.split("-")[0], tmp_path / family, seed=1, **FAMILIES[family])
     config = EngineConfig.from_engine_args(str(directory), skip_tokenizer_init=True, kv_cache_memory=8 << 20,
                                            max_model_len=256, max_num_batched_tokens=budget)
     engine, loaded = build_engine(config)
