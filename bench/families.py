@@ -1,7 +1,7 @@
 """Decode rate of each family of the model registry against transformers', in one run: single stream,
 fp32, greedy, a 32-token prompt and 64 new tokens, on the family's tiny random model and on a mid-size
 random config (about 150-500M parameters: 12 layers of 1024, 32k vocabulary; MoE families with 8 experts of
-half the dense width, 2 active). Both engines produce the same tokens (checked on the tiny
+half the dense width, 2 active; Mistral and Gemma with 16-token sliding windows, so that they slide). Both engines produce the same tokens (checked on the tiny
 models; on the mid-size ones fp32 sums may tip a near-tie, so only the rates are compared there).
 
     .venv/bin/python bench/families.py [--families llama qwen3_moe ...] [--new-tokens 64] [--no-mid]
@@ -22,14 +22,19 @@ from tests.conftest import save_tiny_model  # noqa: E402  (the tests' own tiny-m
 from actorserve import LLM, SamplingParams  # noqa: E402
 from actorserve.runtime.model import registry  # noqa: E402
 
-MOE = {"qwen3_moe": lambda s: dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=s // 2,
+# each family's own settings, given the config's intermediate size s and head size d: MoE families with 8
+# experts of half the dense width, 2 active; sliding windows (16 tokens) shorter than a request
+SHAPES = {
+       "qwen3_moe": lambda s, d: dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=s // 2,
                                    decoder_sparse_step=1, mlp_only_layers=[]),
-       "qwen2_moe": lambda s: dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=s // 2,
+       "qwen2_moe": lambda s, d: dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=s // 2,
                                    shared_expert_intermediate_size=s, decoder_sparse_step=1, mlp_only_layers=[]),
-       "mixtral": lambda s: dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=s // 2,
-                                 sliding_window=None),
-       "mistral": lambda s: dict(sliding_window=None),
-       "olmoe": lambda s: dict(num_experts=8, num_experts_per_tok=2, intermediate_size=s // 2)}
+       "mixtral": lambda s, d: dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=s // 2,
+                                    sliding_window=None),
+       "mistral": lambda s, d: dict(sliding_window=16),
+       "gemma2": lambda s, d: dict(head_dim=d, query_pre_attn_scalar=d, sliding_window=16),
+       "gemma3": lambda s, d: dict(head_dim=d, query_pre_attn_scalar=d, sliding_window=16),
+       "olmoe": lambda s, d: dict(num_experts=8, num_experts_per_tok=2, intermediate_size=s // 2)}
 MID = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16,
            num_key_value_heads=4, max_position_embeddings=1024)
 
@@ -72,7 +77,9 @@ def main() -> None:
     for family in args.families:
         for size in ("tiny",) + (() if args.no_mid else ("mid",)):
             shape = dict(tie_word_embeddings=True, **(MID if size == "mid" else {}))
-            shape.update(MOE.get(family, lambda s: {})(MID["intermediate_size"] if size == "mid" else 128))
+            mid = size == "mid"
+            shape.update(SHAPES.get(family, lambda s, d: {})(MID["intermediate_size"] if mid else 128,
+                                                               MID["hidden_size"] // 16 if mid else 16))
             directory = save_tiny_model(family, root / f"{family}-{size}", seed=1, **shape)
             vocab = shape.get("vocab_size", 384)
             prompt = torch.randint(0, vocab, (32,), generator=torch.Generator().manual_seed(2)).tolist()
