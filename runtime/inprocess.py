@@ -31,7 +31,13 @@ def model_facts(loaded: LoadedModel, config: EngineConfig, num_blocks: int) -> M
     frees = loaded.cfg.all_layers_windowed and not (spec is not None and spec.method == "draft_model")
     return ModelFacts(vocab_size=loaded.cfg.vocab_size, eos_token_id=eos,
                       max_model_len=max_len, num_kv_blocks=num_blocks,
-                      sliding_window=loaded.cfg.sliding_window if frees else None)
+                      sliding_window=loaded.cfg.sliding_window if frees else None,
+                      num_state_slots=state_slots(loaded, config))
+
+
+def state_slots(loaded: LoadedModel, config: EngineConfig) -> int:
+    """Recurrent-state slots for a hybrid model: one for each request that may run at once."""
+    return config.scheduler.max_num_seqs if loaded.cfg.linear_layers else 0
 
 
 def num_kv_blocks(loaded: LoadedModel, config: EngineConfig, per_block: int) -> int:
@@ -86,7 +92,7 @@ def load_worker(config: EngineConfig, with_tokenizer: bool, pp_rank: int = 0,
                                 d.cudagraph_capture_sizes)
     runner = ModelRunner(loaded.model, blocks, config.cache.block_size, seed=m.seed, fast_decode=not m.enforce_eager,
                          drafter=drafter, device=device, attention_backend=d.attention_backend,
-                         graph_sizes=graph_sizes)
+                         graph_sizes=graph_sizes, num_state_slots=state_slots(loaded, config))
     runner.capture_graphs()
     log.info("%s; decode fast path: %s", paths.describe(), "on" if runner.fast_decode is not None else "off")
     log.info("KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB), allocated in %.2f s",

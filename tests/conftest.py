@@ -136,7 +136,7 @@ def save_tiny_model(kind: str, directory: Path, seed: int = 0, **overrides) -> P
              "phi3": transformers.Phi3Config, "qwen3_moe": transformers.Qwen3MoeConfig,
              "qwen2_moe": transformers.Qwen2MoeConfig, "mixtral": transformers.MixtralConfig,
              "olmoe": transformers.OlmoeConfig, "gemma2": transformers.Gemma2Config,
-             "gemma3": transformers.Gemma3TextConfig}[kind]
+             "gemma3": transformers.Gemma3TextConfig, "qwen3_next": transformers.Qwen3NextConfig}[kind]
     config = klass(**common)
     if kind == "gemma3":  # (its config class is the text model's; the checkpoint names the causal LM)
         config.architectures = ["Gemma3ForCausalLM"]
@@ -146,8 +146,11 @@ def save_tiny_model(kind: str, directory: Path, seed: int = 0, **overrides) -> P
         for name, p in model.named_parameters():
             if p.dim() >= 2:  # (MoE experts are stacked, 3-D)
                 p.normal_(0.0, 0.08)
-            elif kind.startswith("gemma") and name.endswith("norm.weight"):  # (1 + w: zeros would hide w)
-                p.normal_(0.0, 0.3)
+            elif kind.startswith("gemma") or kind == "qwen3_next":  # (norms mean 1 + w: zeros would hide w)
+                if name.endswith("linear_attn.norm.weight"):  # (Qwen3-Next's gated norm means w itself)
+                    p.normal_(1.0, 0.3)
+                elif name.endswith("norm.weight"):
+                    p.normal_(0.0, 0.3)
     model.save_pretrained(directory)
     return directory
 

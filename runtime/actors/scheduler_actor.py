@@ -92,7 +92,7 @@ class SchedulerActor(Actor):
             raise RuntimeError(f"expected WorkerReady from the worker, got {envelope.message or envelope.error!r}")
         eos = self.tokenizer.eos_token_id if self.tokenizer is not None else None
         facts = ModelFacts(ready.vocab_size, eos if eos is not None else ready.eos_token_id, ready.max_model_len,
-                           ready.num_kv_blocks, ready.sliding_window)
+                           ready.num_kv_blocks, ready.sliding_window, ready.num_state_slots)
         self.core = EngineCore(self.config, None, facts, self.tokenizer)
         self.channel(inbox, listen=True)
         self._loop_task = asyncio.ensure_future(self._engine_loop())

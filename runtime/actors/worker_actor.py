@@ -57,7 +57,7 @@ class WorkerActor(Actor):
         self.runner, facts, _ = load_worker(self.config, with_tokenizer=False, pp_rank=self.rank)
         if self.is_last:
             await self.out.send(WorkerReady(self.rank, facts.vocab_size, facts.eos_token_id, facts.max_model_len,
-                                            facts.num_kv_blocks, facts.sliding_window))
+                                            facts.num_kv_blocks, facts.sliding_window, facts.num_state_slots))
         return {"num_kv_blocks": facts.num_kv_blocks, "stage": [self.runner.model.stage.start,
                                                                 self.runner.model.stage.end]}
 

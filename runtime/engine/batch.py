@@ -51,6 +51,7 @@ class ScheduledChunk(msgspec.Struct, frozen=True):
     propose: int = 0
     # structured outputs: the tokens its grammar allows next (int32 words; bit j of word i is token 32 i + j)
     grammar_bitmask: Optional[bytes] = None
+    state_slot: int = -1  # the request's slot in the worker's recurrent-state cache (hybrid models; else -1)
 
 
 class SchedulerOutput(msgspec.Struct, frozen=True):

@@ -8,6 +8,7 @@ the model's context length.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from dataclasses import dataclass
 from typing import Optional, Protocol
@@ -25,6 +26,8 @@ from actorserve.runtime.engine.stats import StepTokens
 from actorserve.runtime.engine.structured_outputs import StructuredOutputManager
 from actorserve.runtime.model.tokenizer import bad_words_token_ids
 
+log = logging.getLogger("actorserve")
+
 
 class Executor(Protocol):
     def execute(self, batch: SchedulerOutput) -> ModelRunnerOutput: ...
@@ -40,6 +43,8 @@ class ModelFacts:
     num_kv_blocks: int
     # every layer slides over this many tokens: blocks that fall out of the window are freed (None: keep all)
     sliding_window: Optional[int] = None
+    # recurrent-state slots of a hybrid model's linear-attention layers, one per running request (0: none)
+    num_state_slots: int = 0
 
 
 class _Sequence:
@@ -88,8 +93,16 @@ class EngineCore:
         self.executor = executor
         self.tokenizer = tokenizer
         self.limits = RequestLimits(facts.vocab_size, facts.max_model_len, config.scheduler.max_n)
-        self.kv = KVCacheManager(facts.num_kv_blocks, block_size, config.cache.enable_prefix_caching,
-                                 facts.sliding_window)
+        caching = config.cache.enable_prefix_caching
+        if facts.num_state_slots:
+            if config.scheduler.speculative_config is not None:
+                raise ValueError("speculative decoding does not serve models with linear-attention layers yet "
+                                 "(a rejected draft would have advanced their recurrent state)")
+            if caching:  # a cached block of keys does not give back the recurrent state at its end
+                log.info("prefix caching is off: the model has linear-attention layers")
+            caching = False
+        self.kv = KVCacheManager(facts.num_kv_blocks, block_size, caching, facts.sliding_window,
+                                 facts.num_state_slots)
         self.scheduler = Scheduler(config.scheduler, self.kv, facts.vocab_size)
         self.structured = StructuredOutputManager(tokenizer, facts.vocab_size, facts.eos_token_id)
         self._groups: dict[str, _Group] = {}

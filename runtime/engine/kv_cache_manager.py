@@ -8,6 +8,9 @@ window of every token still to come is read by no one again: it goes back to the
 prefix caching is on, so an equal prompt may still revive it), and its place in the table takes the null
 block, which is never handed out or written. The attention kernels start each row at its window's first
 block, so they never read it.
+
+A hybrid model's linear-attention layers keep a recurrent state per request instead of keys: each request
+holds one state slot from admission until it ends or is preempted, taken and given back with its blocks.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from actorserve.runtime.engine.request import Request
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
-                 sliding_window: Optional[int] = None) -> None:
+                 sliding_window: Optional[int] = None, num_state_slots: int = 0) -> None:
         self.block_size = block_size
         self.pool = BlockPool(num_blocks, enable_caching)
         self._tables: dict[str, list[Block]] = {}
@@ -28,6 +31,9 @@ class KVCacheManager:
         self.sliding_window = sliding_window
         self.null_block: Optional[Block] = None
         self._num_dropped: dict[str, int] = {}  # leading blocks of each table given back, out of the window
+        self.num_state_slots = num_state_slots
+        self._free_slots = list(range(num_state_slots - 1, -1, -1))  # popped from the end: slot 0 first
+        self._slots: dict[str, int] = {}
         if sliding_window is not None:
             if sliding_window < 1:
                 raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
@@ -35,6 +41,14 @@ class KVCacheManager:
 
     def block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self._tables.get(request_id, ())]
+
+    def state_slot(self, request_id: str) -> int:
+        """The request's recurrent-state slot (-1 where the model keeps no states)."""
+        return self._slots.get(request_id, -1)
+
+    @property
+    def num_free_slots(self) -> int:
+        return len(self._free_slots)
 
     def _block_hashes(self, request: Request) -> list[int]:
         hashes = self._hashes.setdefault(request.request_id, [])
@@ -60,6 +74,10 @@ class KVCacheManager:
         revived = sum(1 for b in cached if b.ref_cnt == 0)
         if needed + revived > self.pool.num_free_blocks:
             return False
+        if self.num_state_slots and request.request_id not in self._slots:
+            if not self._free_slots:
+                return False
+            self._slots[request.request_id] = self._free_slots.pop()
         self.pool.touch(cached)
         table = table + cached + self.pool.allocate(max(needed, 0))
         self._tables[request.request_id] = table
@@ -106,3 +124,6 @@ class KVCacheManager:
         self.pool.free(table[self._num_dropped.pop(request.request_id, 0):])
         self._hashes.pop(request.request_id, None)
         self._num_published.pop(request.request_id, None)
+        slot = self._slots.pop(request.request_id, None)
+        if slot is not None:
+            self._free_slots.append(slot)

@@ -176,7 +176,7 @@ class Scheduler:
             chunks.append(ScheduledChunk(
                 request.request_id, tokens, start, self.kv.block_ids(request.request_id),
                 sample=sample, num_draft=0 if proposed else len(drafts), propose=len(drafts) if proposed else 0,
-                grammar_bitmask=bitmask,
+                grammar_bitmask=bitmask, state_slot=self.kv.state_slot(request.request_id),
             ))
         finished = []
         if chunks:  # an empty batch is never sent: keep the news for the next one

@@ -50,6 +50,15 @@ class ArchConfig:
     query_scale: Optional[float] = None  # attention's scale, where it is not head_dim ** -0.5
     attn_softcap: float = 0.0  # attention scores capped by c * tanh(s / c) (0: none)
     final_softcap: float = 0.0  # logits capped so
+    # hybrid linear attention (Qwen3-Next): the layers that are gated delta nets (runtime.model.linear_attention)
+    linear_layers: tuple[int, ...] = ()
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel: int = 0
+    rotary_dim: int = 0  # rotary on the first rotary_dim of each head (partial rotary); 0: the whole head
+    attn_output_gate: bool = False  # q_proj also gives a gate per head: the output times sigmoid(gate)
 
     def __post_init__(self) -> None:
         if self.arch not in SUPPORTED:
@@ -60,6 +69,15 @@ class ArchConfig:
             raise ValueError(f"sliding layers need a positive sliding_window, got {self.sliding_window}")
         if self.hidden_act not in ("silu", "gelu_tanh"):
             raise ValueError(f"unsupported activation {self.hidden_act!r}; supported: silu, gelu_tanh")
+
+    @property
+    def rotary_size(self) -> int:
+        return self.rotary_dim or self.head_dim
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """The layers with softmax attention over the paged KV cache (the others keep a recurrent state)."""
+        return tuple(i for i in range(self.num_layers) if i not in self.linear_layers)
 
     def window_of(self, layer: int) -> int:
         """The layer's sliding window in tokens, 0 where it sees every key."""
@@ -75,9 +93,8 @@ class ArchConfig:
     def from_hf(cls, cfg: dict[str, Any]) -> "ArchConfig":
         family = family_of_hf(cfg).name
         heads = cfg["num_attention_heads"]
-        if float(cfg.get("partial_rotary_factor", 1.0)) != 1.0:
-            raise ValueError(f"partial rotary (factor {cfg['partial_rotary_factor']}) is not supported yet")
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+        partial = float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)) or 1.0)
         local_rope = None
         if "full_attention" in rope:  # per layer type (Gemma 3): the global layers' rope, and the local base
             local_rope = rope.get("sliding_attention") or {}
@@ -87,13 +104,17 @@ class ArchConfig:
         eos = cfg.get("eos_token_id")
         moe = _moe_fields(family, cfg)
         gemma = family in ("gemma2", "gemma3")
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
         return cls(
             **moe,
+            **_linear_fields(family, cfg),
+            rotary_dim=int(head_dim * partial) if partial != 1.0 else 0,
+            attn_output_gate=family == "qwen3_next",
             **_window_fields(family, cfg),
             rope_local_theta=None if local_rope is None else float(
                 local_rope.get("rope_theta", cfg.get("rope_local_base_freq", 10000.0))),
             hidden_act="gelu_tanh" if gemma else "silu",
-            embed_scale=gemma, sandwich_norms=gemma, norm_offset=gemma,
+            embed_scale=gemma, sandwich_norms=gemma, norm_offset=gemma or family == "qwen3_next",
             query_scale=float(cfg["query_pre_attn_scalar"]) ** -0.5 if gemma else None,
             attn_softcap=float(cfg.get("attn_logit_softcapping") or 0.0) if gemma else 0.0,
             final_softcap=float(cfg.get("final_logit_softcapping") or 0.0) if gemma else 0.0,
@@ -104,19 +125,31 @@ class ArchConfig:
             num_layers=cfg["num_hidden_layers"],
             num_heads=heads,
             num_kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            head_dim=head_dim,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             rope_theta=float(theta),
             max_position_embeddings=cfg.get("max_position_embeddings", 2048),
             tie_word_embeddings=cfg.get("tie_word_embeddings", False),
             attention_bias=cfg.get("attention_bias", family in ("qwen2", "qwen2_moe")),
-            qk_norm=family in ("qwen3", "qwen3_moe", "gemma3"),
+            qk_norm=family in ("qwen3", "qwen3_moe", "gemma3", "qwen3_next"),
             rope_scaling=dict(rope) if rope_type not in ("default", None) else None,
             eos_token_id=eos[0] if isinstance(eos, list) else eos,
             fused_checkpoint=family == "phi3",
             qk_norm_whole=family == "olmoe",
             clip_qkv=cfg.get("clip_qkv") if family == "olmoe" else None,
         )
+
+
+def _linear_fields(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The gated-delta-net fields of ArchConfig (Qwen3-Next: three linear layers in four by default)."""
+    if family != "qwen3_next":
+        return {}
+    types = cfg.get("layer_types") or ["linear_attention" if (i + 1) % cfg.get("full_attention_interval", 4)
+                                       else "full_attention" for i in range(cfg["num_hidden_layers"])]
+    return dict(linear_layers=tuple(i for i, t in enumerate(types) if t == "linear_attention"),
+                linear_num_key_heads=cfg["linear_num_key_heads"], linear_num_value_heads=cfg["linear_num_value_heads"],
+                linear_key_head_dim=cfg["linear_key_head_dim"], linear_value_head_dim=cfg["linear_value_head_dim"],
+                linear_conv_kernel=cfg.get("linear_conv_kernel_dim", 4))
 
 
 def _window_fields(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -149,7 +182,7 @@ def _moe_fields(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
         return dict(sparse_layers=tuple(range(layers)), num_experts=cfg["num_experts"],
                     num_experts_per_tok=cfg["num_experts_per_tok"], moe_intermediate_size=cfg["intermediate_size"],
                     norm_topk_prob=bool(cfg.get("norm_topk_prob")))
-    if family not in ("qwen3_moe", "qwen2_moe"):
+    if family not in ("qwen3_moe", "qwen2_moe", "qwen3_next"):
         return {}
     experts = cfg["num_experts"] if "num_experts" in cfg else cfg["num_local_experts"]  # (transformers 5 names it so)
     step = cfg.get("decoder_sparse_step", 1) or 1
@@ -158,4 +191,4 @@ def _moe_fields(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
                 num_experts=experts, num_experts_per_tok=cfg["num_experts_per_tok"],
                 moe_intermediate_size=cfg["moe_intermediate_size"], norm_topk_prob=bool(cfg.get("norm_topk_prob")),
                 shared_expert_intermediate_size=cfg.get("shared_expert_intermediate_size", 0)
-                if family == "qwen2_moe" else 0)
+                if family in ("qwen2_moe", "qwen3_next") else 0)

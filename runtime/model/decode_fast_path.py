@@ -342,7 +342,8 @@ class DecodeFastPath:
                 # (sparse MLPs, whole-projection q/k norms and Gemma's layers have no decode plan yet: the
                 # module path serves them)
                 or model.cfg.sparse_layers or model.cfg.qk_norm_whole or model.cfg.sandwich_norms
-                or model.cfg.hidden_act != "silu" or model.cfg.embed_scale or model.rotary_local is not None):
+                or model.cfg.hidden_act != "silu" or model.cfg.embed_scale or model.rotary_local is not None
+                or model.cfg.linear_layers or model.cfg.attn_output_gate or model.cfg.rotary_dim):
             return None
         planner = DecodePlanner(model.cfg.hidden_size, dtype, ew, attn,
                                 int8.library() if dtype == torch.bfloat16 else None)

@@ -16,6 +16,7 @@ from actorserve.kernels.attention import AttentionBackend
 from actorserve.kernels.gemm import GgufQ8Weight, GgufWeight, PreparedWeight, linear, prepacked
 from actorserve.runtime.model.arch_config import ArchConfig
 from actorserve.runtime.model.layers import Embedding, GatedMLP, Linear, RMSNorm, RotaryEmbedding, apply_rotary, rope_inv_freq
+from actorserve.runtime.model.linear_attention import GatedDeltaNet, LinearStep
 from actorserve.runtime.model.moe import SparseMoE
 
 
@@ -23,8 +24,12 @@ class Attention(nn.Module):
     def __init__(self, cfg: ArchConfig, index: int) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        # q, k and v in one GEMM; the checkpoint's q_proj/k_proj/v_proj are row ranges of it (SHARDS).
-        self.q_size, self.kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        # q, k and v in one GEMM; the checkpoint's q_proj/k_proj/v_proj are row ranges of it (SHARDS). With
+        # an output gate (Qwen3-Next), q_proj gives each head's q then its gate, side by side.
+        self.gated = cfg.attn_output_gate
+        self.q_size = cfg.num_heads * cfg.head_dim * (2 if self.gated else 1)
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.rotary_dim = cfg.rotary_size
         self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
         self.o_proj = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
         # q/k norms per head (Qwen3), or over the whole projection (OLMoE)
@@ -47,16 +52,29 @@ class Attention(nn.Module):
             if self.clip_qkv is not None:
                 qkv = qkv.clamp(-self.clip_qkv, self.clip_qkv)
         v = qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, self.head_dim)
+        gate = None
+        if self.gated:
+            q_gate = qkv[:, :self.q_size].view(t, heads, 2 * self.head_dim)
+            q, gate = q_gate[..., :self.head_dim], q_gate[..., self.head_dim:].reshape(t, -1)
         if self.q_norm is None or self.qk_norm_whole:  # q and k are adjacent columns: rotate them together
-            qk = apply_rotary(qkv[:, :self.q_size + self.kv_size].view(t, -1, self.head_dim), rope)
+            qk = self._rotate(qkv[:, :self.q_size + self.kv_size].view(t, -1, self.head_dim), rope)
             q, k = qk[:, :heads], qk[:, heads:]
         else:
-            q = self.q_norm(qkv[:, :self.q_size].reshape(t, heads, self.head_dim))
+            q = self.q_norm((q if gate is not None else qkv[:, :self.q_size]).reshape(t, heads, self.head_dim))
             k = self.k_norm(qkv[:, self.q_size:self.q_size + self.kv_size].reshape(t, self.num_kv_heads,
                                                                                     self.head_dim))
-            q, k = apply_rotary(q, rope), apply_rotary(k, rope)
+            q, k = self._rotate(q, rope), self._rotate(k, rope)
         out = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, self.window, self.softcap)
-        return self.o_proj(out.reshape(t, -1))
+        out = out.reshape(t, -1)
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
+        return self.o_proj(out)
+
+    def _rotate(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Rotary on each head's first rotary_dim values (all of them, but for partial rotary)."""
+        if self.rotary_dim == self.head_dim:
+            return apply_rotary(x, rope)
+        return torch.cat([apply_rotary(x[..., :self.rotary_dim].contiguous(), rope), x[..., self.rotary_dim:]], -1)
 
     def decode_plan(self, planner, x):
         """``forward`` in the decode plan (``runtime.model.decode_fast_path``)."""
@@ -68,7 +86,12 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ArchConfig, index: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, index)
+        # the token mixer: softmax attention over the paged KV cache, or a gated delta net (Qwen3-Next)
+        self.linear = index in cfg.linear_layers
+        if self.linear:
+            self.linear_attn = GatedDeltaNet(cfg)
+        else:
+            self.self_attn = Attention(cfg, index)
         # Llama's norm before the MLP; Gemma's norm of the attention output, with two more around the MLP
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.sandwich = cfg.sandwich_norms
@@ -83,15 +106,19 @@ class DecoderLayer(nn.Module):
         else:
             self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
 
-    def forward(self, x, residual, rope, kv_cache, meta, backend):
+    def forward(self, x, residual, rope, kv_cache, meta, backend, linear_step: Optional[LinearStep] = None):
         """The residual stream is ``residual + x`` (just ``x`` at the first layer, where residual is None):
         each sublayer's output is added in the next norm's fused pass, as vLLM does, so a layer costs no
-        separate add. Returns this layer's (mlp output, residual), whose sum is the stream after it."""
+        separate add. Returns this layer's (mlp output, residual), whose sum is the stream after it. A
+        linear layer's ``kv_cache`` is its ``LinearLayerState``."""
         if residual is None:
             residual, normed = x, self.input_layernorm(x)
         else:
             residual, normed = self.input_layernorm.add_forward(residual, x)
-        attended = self.self_attn(normed, rope, kv_cache, meta, backend)
+        if self.linear:
+            attended = self.linear_attn(normed, kv_cache, linear_step)
+        else:
+            attended = self.self_attn(normed, rope, kv_cache, meta, backend)
         if self.sandwich:
             residual, normed = self.pre_feedforward_layernorm.add_forward(
                 residual, self.post_attention_layernorm(attended))
@@ -174,6 +201,7 @@ class CausalLM(nn.Module):
         parameters take several checkpoint tensors, each a row range."""
         cfg = self.cfg
         q, kv, inter = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
+        q *= 2 if cfg.attn_output_gate else 1  # (each head's q and its gate)
         shared = cfg.shared_expert_intermediate_size
         shards = {"self_attn.qkv_proj": [("self_attn.q_proj", 0, q), ("self_attn.k_proj", q, q + kv),
                                          ("self_attn.v_proj", q + kv, q + 2 * kv)],
@@ -236,12 +264,13 @@ class CausalLM(nn.Module):
 
     def init_buffers(self, rope_freq_factors: Optional[torch.Tensor] = None) -> None:
         cfg = self.cfg
-        inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, rope_freq_factors)
+        dim = cfg.rotary_size
+        inv_freq = rope_inv_freq(dim, cfg.rope_theta, cfg.rope_scaling, rope_freq_factors)
         device = next(self.parameters()).device
-        self.rotary = RotaryEmbedding(cfg.head_dim, self.max_positions, inv_freq).to(device)
+        self.rotary = RotaryEmbedding(dim, self.max_positions, inv_freq).to(device)
         if cfg.rope_local_theta is not None:
-            local = rope_inv_freq(cfg.head_dim, cfg.rope_local_theta, None, rope_freq_factors)
-            self.rotary_local = RotaryEmbedding(cfg.head_dim, self.max_positions, local).to(device)
+            local = rope_inv_freq(dim, cfg.rope_local_theta, None, rope_freq_factors)
+            self.rotary_local = RotaryEmbedding(dim, self.max_positions, local).to(device)
 
     def offset_norms(self) -> None:
         """Every RMSNorm weight w becomes 1 + w (in fp32, then the model's dtype): what Gemma's
@@ -253,8 +282,11 @@ class CausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: Any,
-                backend: AttentionBackend, hidden_in: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """``meta`` is the attention backend's plan of the step (``backend.prepare``)."""
+                backend: AttentionBackend, hidden_in: Optional[torch.Tensor] = None,
+                linear_step: Optional[LinearStep] = None) -> torch.Tensor:
+        """``meta`` is the attention backend's plan of the step (``backend.prepare``); ``kv_caches`` holds
+        one entry per local layer (a GDN layer's is its state), ``linear_step`` the step's sequences for
+        the GDN layers."""
         x = self.model.embed_tokens(input_ids) if self.stage.first else hidden_in
         if self.stage.first and self.cfg.embed_scale:  # (Gemma: sqrt(hidden_size) in the model's dtype)
             x = x * torch.tensor(self.cfg.hidden_size ** 0.5, dtype=x.dtype)
@@ -262,7 +294,7 @@ class CausalLM(nn.Module):
         rope_local = self.rotary_local.table(positions, x.dtype) if self.rotary_local is not None else None
         residual = None
         for layer, kv in zip(self.model.layers.values(), kv_caches):
-            x, residual = layer(x, residual, rope_local if layer.local_rope else rope, kv, meta, backend)
+            x, residual = layer(x, residual, rope_local if layer.local_rope else rope, kv, meta, backend, linear_step)
         if residual is None:  # a stage without layers
             return self.model.norm(x) if self.stage.last else x
         if self.stage.last:

@@ -40,6 +40,8 @@ FAMILIES: tuple[Family, ...] = (
            "Qwen1.5-MoE / Qwen2-MoE (top-k routing and a gated shared expert)"),
     Family("mixtral", ("MixtralForCausalLM",), ("mixtral",), (),
            "Mixtral 8x7B / 8x22B (top-2 routing, renormalised)"),
+    Family("qwen3_next", ("Qwen3NextForCausalLM",), ("qwen3_next",), (),
+           "Qwen3-Next (gated delta net linear attention interleaved with gated full attention, MoE)"),
     Family("olmoe", ("OlmoeForCausalLM",), ("olmoe",), (),
            "OLMoE (q and k norms over the whole projection, top-k routing without renormalisation)"),
 )

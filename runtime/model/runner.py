@@ -23,6 +23,7 @@ from actorserve.runtime.model.arch_config import ArchConfig
 from actorserve.runtime.model.cuda_graphs import DecodeGraphs
 from actorserve.runtime.model.decode_fast_path import DecodeFastPath
 from actorserve.runtime.model.decoder import CausalLM
+from actorserve.runtime.model.linear_attention import LinearLayerState, LinearStep
 from actorserve.runtime.model.rejection_sampler import verify
 from actorserve.runtime.model.sampler import Sampler, SamplingRow, noise_stream, rank_logprobs
 
@@ -33,8 +34,9 @@ _PROMPT_LOGPROB_ROWS = 256
 
 
 def kv_bytes_per_block(cfg: ArchConfig, block_size: int, dtype: torch.dtype) -> int:
+    """A block's K and V in every softmax-attention layer (a hybrid model's GDN layers keep none)."""
     elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * elem
+    return 2 * len(cfg.attention_layers) * block_size * cfg.num_kv_heads * cfg.head_dim * elem
 
 
 def _zeroed_caches(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
@@ -67,12 +69,14 @@ class ModelInputs:
     drafts: Optional[list[list[int]]] = None  # each sampled request's draft tokens, where any has some
     grammar_bitmasks: list[Optional[bytes]] = dataclasses.field(default_factory=list)  # by sample_ids
     decode_only: bool = False  # one row a sequence, nothing of a prompt's chunk (what a CUDA graph replays)
+    linear_step: Optional[LinearStep] = None  # the step's sequences for a hybrid model's GDN layers
 
 
 class ModelRunner:
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int, seed: int = 0,
                  device: str = "cpu", fast_decode: bool = True, drafter=None,
-                 attention_backend: Optional[str] = None, graph_sizes: Sequence[int] = ()) -> None:
+                 attention_backend: Optional[str] = None, graph_sizes: Sequence[int] = (),
+                 num_state_slots: int = 0) -> None:
         cfg = model.cfg
         self.model = model
         self.block_size = block_size
@@ -83,7 +87,14 @@ class ModelRunner:
                                cfg.sliding_window)
         self.backend = select_attention(needs, attention_backend)(cfg.num_kv_heads, num_blocks, block_size)
         shape = self.backend.kv_cache_shape(num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        self.kv_caches = _zeroed_caches(shape, dtype, self.device, model.num_local_layers)
+        # one entry per local layer: K and V pools for softmax attention, the recurrent states of a GDN layer
+        linear = [int(name) in cfg.linear_layers for name in model.model.layers]
+        if any(linear) and num_state_slots < 1:
+            raise ValueError("a model with linear-attention layers needs state slots (num_state_slots)")
+        pools = iter(_zeroed_caches(shape, dtype, self.device, linear.count(False)))
+        self.num_state_slots = num_state_slots if any(linear) else 0
+        self.kv_caches = [LinearLayerState.zeros(cfg, num_state_slots, dtype, self.device) if is_linear
+                          else next(pools) for is_linear in linear]
         # decode-only steps skip module dispatch where the model's kernels allow (None: every step eager)
         self.fast_decode = DecodeFastPath.build(model, self.backend) if fast_decode else None
         self.sampler = Sampler(seed, device=self.device)
@@ -92,7 +103,8 @@ class ModelRunner:
         self.drafter = drafter
         # decode steps replayed from CUDA graphs (captured by ``capture_graphs``), where the backend allows
         self.graphs: Optional[DecodeGraphs] = None
-        if self.device.type == "cuda" and fast_decode and graph_sizes and getattr(self.backend, "capturable", False):
+        if (self.device.type == "cuda" and fast_decode and graph_sizes and getattr(self.backend, "capturable", False)
+                and not self.num_state_slots):  # (the GDN layers' host-side bookkeeping is not capturable)
             self.graphs = DecodeGraphs(graph_sizes, self._capture, self._load_static, self._static_output)
         self._static: Optional[dict[str, Any]] = None
 
@@ -225,7 +237,8 @@ class ModelRunner:
                                                       inputs.meta, self.backend, hidden_in))
         if self.fast_decode is not None and self.fast_decode.applies(inputs.meta):
             return self.fast_decode(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, hidden_in)
-        return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, self.backend, hidden_in)
+        return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, self.backend, hidden_in,
+                          inputs.linear_step)
 
     def forward(self, inputs: ModelInputs, hidden_in: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The logits of the rows that sample."""
@@ -263,7 +276,24 @@ class ModelRunner:
             prefill=self._group(prefills, len(rows)),
         )
         return ModelInputs(as_long(ids), as_long(positions), self.backend.prepare(meta), as_long(logits_indices),
-                           sample_ids, chunk_rows, drafts if any(drafts) else None, bitmasks, not prefills)
+                           sample_ids, chunk_rows, drafts if any(drafts) else None, bitmasks, not prefills,
+                           self._linear_step(decodes, prefills) if self.num_state_slots else None)
+
+    def _linear_step(self, decodes: list[ScheduledChunk], prefills: list[ScheduledChunk]) -> LinearStep:
+        """Each sequence's rows, state slot and whether it starts afresh, for the GDN layers."""
+        for c in decodes + prefills:
+            if not 0 <= c.state_slot < self.num_state_slots:
+                raise ValueError(f"request {c.request_id}: state slot {c.state_slot} is outside the "
+                                 f"{self.num_state_slots} slots")
+            if c.num_draft:
+                raise ValueError("speculative decoding does not serve models with linear-attention layers")
+        cu = [0]
+        for c in prefills:
+            cu.append(cu[-1] + len(c.token_ids))
+        as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=self.device)  # noqa: E731
+        return LinearStep(len(decodes), as_long([c.state_slot for c in decodes]),
+                          torch.tensor([c.start == 0 for c in decodes], dtype=torch.bool, device=self.device),
+                          cu, [c.state_slot for c in prefills], [c.start == 0 for c in prefills])
 
     def _group(self, chunks: list[ScheduledChunk], token_start: int) -> Optional[SequenceGroup]:
         """The attention plan of consecutive chunks of the step."""

@@ -147,6 +147,7 @@ class WorkerReady(msgspec.Struct, tag="worker_ready", frozen=True):
     max_model_len: int
     num_kv_blocks: int
     sliding_window: Optional[int] = None  # ModelFacts.sliding_window
+    num_state_slots: int = 0  # ModelFacts.num_state_slots
 
 
 class Shutdown(msgspec.Struct, tag="shutdown", frozen=True):

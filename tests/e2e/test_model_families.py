@@ -20,6 +20,9 @@ SHAPES = {
     "gemma2": dict(sliding_window=8, head_dim=32),
     "gemma3": dict(sliding_window=8, head_dim=32),
     "olmoe": dict(num_experts=4, num_experts_per_tok=2),
+    "qwen3_next": dict(num_hidden_layers=4, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+                       linear_key_head_dim=16, linear_value_head_dim=8, num_experts=4, num_experts_per_tok=2,
+                       moe_intermediate_size=32, shared_expert_intermediate_size=48),
 }
 
 

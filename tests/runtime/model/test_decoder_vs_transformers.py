@@ -33,6 +33,12 @@ FAMILIES = {
                       mlp_only_layers=[]),
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
     "olmoe": dict(num_experts=5, num_experts_per_tok=2, norm_topk_prob=False, clip_qkv=3.0),
+    # hybrid: gated delta nets (grouped value heads) around a gated full-attention layer with partial rotary;
+    # MoE with a shared expert in one layer, dense MLPs in the others
+    "qwen3_next": dict(num_hidden_layers=4, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+                       linear_key_head_dim=16, linear_value_head_dim=8, num_experts=4, num_experts_per_tok=2,
+                       moe_intermediate_size=32, shared_expert_intermediate_size=48, mlp_only_layers=[0, 1, 3],
+                       layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"]),
 }
 PROMPT_LENS = (5, 17, 33, 2, 48)
 DECODE_STEPS = 16
