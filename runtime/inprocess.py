@@ -15,6 +15,7 @@ from actorserve.runtime.config import EngineConfig
 from actorserve.runtime.engine.core import EngineCore, ModelFacts
 from actorserve.runtime.model.cuda_graphs import capture_sizes
 from actorserve.runtime.model.draft_proposer import DraftModelProposer
+from actorserve.runtime.model.linear_attention import LinearLayerState
 from actorserve.runtime.model.loader import LoadedModel, load_model, resolve_model_path
 from actorserve.runtime.model.runner import ModelRunner, kv_bytes_per_block
 
@@ -40,8 +41,16 @@ def state_slots(loaded: LoadedModel, config: EngineConfig) -> int:
     return config.scheduler.max_num_seqs if loaded.cfg.linear_layers else 0
 
 
-def num_kv_blocks(loaded: LoadedModel, config: EngineConfig, per_block: int) -> int:
+def num_kv_blocks(loaded: LoadedModel, config: EngineConfig, per_block: int, reserved: int = 0) -> int:
+    """Blocks of ``per_block`` bytes in the KV budget, less ``reserved`` (a hybrid model's state slots)."""
     budget, source = config.cache.kv_cache_budget()
+    if reserved:
+        if reserved >= budget:
+            raise ValueError(f"the recurrent states of {config.scheduler.max_num_seqs} sequences take "
+                             f"{reserved / 2**20:.1f} MiB, the whole KV cache budget ({budget / 2**20:.1f} MiB): "
+                             f"lower max_num_seqs or raise kv_cache_memory")
+        log.info("recurrent-state slots take %.1f MiB of the KV cache budget", reserved / 2**20)
+        budget -= reserved
     max_len = config.model.max_model_len or loaded.cfg.max_position_embeddings
     # More than every sequence at full length can never be used.
     useful = config.scheduler.max_num_seqs * -(-max_len // config.cache.block_size)
@@ -81,7 +90,9 @@ def load_worker(config: EngineConfig, with_tokenizer: bool, pp_rank: int = 0,
     per_block = kv_bytes_per_block(loaded.cfg, config.cache.block_size, loaded.model.dtype)
     if draft is not None:  # its cache has as many blocks, addressed by the same block tables
         per_block += kv_bytes_per_block(draft.cfg, config.cache.block_size, draft.model.dtype)
-    blocks = num_kv_blocks(loaded, config, per_block)
+    slots = state_slots(loaded, config)
+    blocks = num_kv_blocks(loaded, config, per_block, slots * len(loaded.cfg.linear_layers)
+                           * LinearLayerState.bytes_per_slot(loaded.cfg, loaded.model.dtype))
     drafter = None
     if draft is not None:
         drafter = DraftModelProposer(ModelRunner(draft.model, blocks, config.cache.block_size, device=device,
@@ -92,7 +103,7 @@ def load_worker(config: EngineConfig, with_tokenizer: bool, pp_rank: int = 0,
                                 d.cudagraph_capture_sizes)
     runner = ModelRunner(loaded.model, blocks, config.cache.block_size, seed=m.seed, fast_decode=not m.enforce_eager,
                          drafter=drafter, device=device, attention_backend=d.attention_backend,
-                         graph_sizes=graph_sizes, num_state_slots=state_slots(loaded, config))
+                         graph_sizes=graph_sizes, num_state_slots=slots)
     runner.capture_graphs()
     log.info("%s; decode fast path: %s", paths.describe(), "on" if runner.fast_decode is not None else "off")
     log.info("KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB), allocated in %.2f s",

@@ -74,18 +74,27 @@ def test_the_stress_set_on_a_hybrid_model_with_preemption(tmp_path):
         n = rng.randint(1, 300)
         prompts.append({"prompt_token_ids": [rng.randrange(384) for _ in range(n)]})
         params.append(SamplingParams(temperature=0.0, max_tokens=rng.randint(1, 48), ignore_eos=True))
-    args = dict(skip_tokenizer_init=True, max_model_len=400, max_num_batched_tokens=256, disable_log_stats=True)
+    args = dict(skip_tokenizer_init=True, max_model_len=400, max_num_batched_tokens=256, disable_log_stats=True,
+                max_num_seqs=16)
     roomy = LLM(str(directory), kv_cache_memory=8 << 20, **args)
     expected = [o.outputs[0].token_ids for o in roomy.generate(prompts, params, use_tqdm=False)]
-    # K and V of the one full-attention layer: 30 blocks of 16 tokens, 2 KV heads of 32, fp32
-    tight = LLM(str(directory), kv_cache_memory=30 * 16 * 2 * 2 * 32 * 4, **args)
+    # 16 state slots of the three GDN layers, and K and V of the one full-attention layer: 30 blocks of 16
+    # tokens, 2 KV heads of 32, fp32
+    states = 16 * 3 * LinearLayerState.bytes_per_slot(read_config(str(directory)), torch.float32)
+    tight = LLM(str(directory), kv_cache_memory=states + 30 * 16 * 2 * 2 * 32 * 4, **args)
     got = [o.outputs[0].token_ids for o in tight.generate(prompts, params, use_tqdm=False)]
     assert got == expected
     engine = tight.engine
-    assert engine.facts.num_kv_blocks == 30 and engine.facts.num_state_slots > 0
+    assert engine.facts.num_kv_blocks == 30 and engine.facts.num_state_slots == 16
     assert engine.scheduler.num_preemptions > 0 and engine.prefix_cache_hit_tokens == 0
     assert engine.num_free_blocks == engine.facts.num_kv_blocks
     assert engine.kv.num_free_slots == engine.facts.num_state_slots
+
+
+def test_state_slots_that_do_not_fit_the_budget_are_a_clear_error(tmp_path):
+    directory = save_tiny_model("qwen3_next", tmp_path / "next", **SHAPE)
+    with pytest.raises(ValueError, match="recurrent states of 256 sequences take .* lower max_num_seqs"):
+        LLM(str(directory), skip_tokenizer_init=True, max_model_len=256, kv_cache_memory=1 << 20)
 
 
 def test_speculative_decoding_is_refused_for_a_hybrid_model(tmp_path):
