@@ -34,14 +34,20 @@ SHAPES = {
        "mistral": lambda s, d: dict(sliding_window=16),
        "gemma2": lambda s, d: dict(head_dim=d, query_pre_attn_scalar=d, sliding_window=16),
        "gemma3": lambda s, d: dict(head_dim=d, query_pre_attn_scalar=d, sliding_window=16),
-       "olmoe": lambda s, d: dict(num_experts=8, num_experts_per_tok=2, intermediate_size=s // 2)}
+       "olmoe": lambda s, d: dict(num_experts=8, num_experts_per_tok=2, intermediate_size=s // 2),
+       # three gated delta nets in four layers, each with half the query heads' count of key heads
+       "qwen3_next": lambda s, d: dict(head_dim=d, linear_num_key_heads=2 if d == 16 else 8,
+                                       **({"num_hidden_layers": 4} if d == 16 else {}),
+                                       linear_num_value_heads=4 if d == 16 else 16, linear_key_head_dim=d,
+                                       linear_value_head_dim=d, num_experts=8, num_experts_per_tok=2,
+                                       moe_intermediate_size=s // 2, shared_expert_intermediate_size=s)}
 MID = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16,
            num_key_value_heads=4, max_position_embeddings=1024)
 
 
 def rate_ours(directory: Path, prompt: list[int], new: int) -> tuple[float, list[int]]:
     llm = LLM(str(directory), skip_tokenizer_init=True, dtype="float32", kv_cache_memory=256 << 20,
-              max_model_len=512, disable_log_stats=True)
+              max_model_len=512, disable_log_stats=True, max_num_seqs=8)  # (a hybrid model: 8 state slots)
     params = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
     llm.generate({"prompt_token_ids": prompt}, SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
     out = llm.generate({"prompt_token_ids": prompt}, params, use_tqdm=False)[0]

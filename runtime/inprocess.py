@@ -54,7 +54,8 @@ def num_kv_blocks(loaded: LoadedModel, config: EngineConfig, per_block: int, res
     max_len = config.model.max_model_len or loaded.cfg.max_position_embeddings
     # More than every sequence at full length can never be used.
     useful = config.scheduler.max_num_seqs * -(-max_len // config.cache.block_size)
-    blocks = max(0, min(budget // per_block, useful))
+    # (a model without softmax-attention layers keeps no keys: its blocks are bookkeeping and cost nothing)
+    blocks = max(0, min(budget // per_block, useful)) if per_block else useful
     log.info("KV cache budget %.2f GiB (%s)%s", budget / 2**30, source,
              f"; {blocks} blocks hold every sequence at full length" if blocks == useful else "")
     return blocks

@@ -102,3 +102,16 @@ def test_speculative_decoding_is_refused_for_a_hybrid_model(tmp_path):
     with pytest.raises(ValueError, match="linear-attention layers"):
         LLM(str(directory), skip_tokenizer_init=True, max_model_len=256, kv_cache_memory=8 << 20,
             speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+
+
+def test_a_model_of_linear_layers_only_serves(tmp_path):
+    """No softmax attention at all: no key is kept, so the blocks cost nothing, and generation works."""
+    directory = save_tiny_model("qwen3_next", tmp_path / "next", **dict(SHAPE, num_hidden_layers=2,
+                                                                        mlp_only_layers=[0, 1]))
+    llm = LLM(str(directory), skip_tokenizer_init=True, max_model_len=256, kv_cache_memory=8 << 20,
+              max_num_seqs=4)
+    assert llm.engine.facts.num_kv_blocks == 4 * 256 // 16
+    out = llm.generate({"prompt_token_ids": list(range(40))}, SamplingParams(temperature=0, max_tokens=8,
+                                                                               ignore_eos=True), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 8
+
