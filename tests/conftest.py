@@ -136,7 +136,8 @@ def save_tiny_model(kind: str, directory: Path, seed: int = 0, **overrides) -> P
              "phi3": transformers.Phi3Config, "qwen3_moe": transformers.Qwen3MoeConfig,
              "qwen2_moe": transformers.Qwen2MoeConfig, "mixtral": transformers.MixtralConfig,
              "olmoe": transformers.OlmoeConfig, "gemma2": transformers.Gemma2Config,
-             "gemma3": transformers.Gemma3TextConfig, "qwen3_next": transformers.Qwen3NextConfig}[kind]
+             "gemma3": transformers.Gemma3TextConfig, "qwen3_next": transformers.Qwen3NextConfig,
+             "deepseek_v2": transformers.DeepseekV2Config}[kind]
     config = klass(**common)
     if kind == "gemma3":  # (its config class is the text model's; the checkpoint names the causal LM)
         config.architectures = ["Gemma3ForCausalLM"]

@@ -59,6 +59,22 @@ class ArchConfig:
     linear_conv_kernel: int = 0
     rotary_dim: int = 0  # rotary on the first rotary_dim of each head (partial rotary); 0: the whole head
     attn_output_gate: bool = False  # q_proj also gives a gate per head: the output times sigmoid(gate)
+    rope_interleaved: bool = False  # rotary on adjacent pairs of values (DeepSeek), not on the two halves
+    # multi-head latent attention (DeepSeek-V2, runtime.model.mla): the cache holds one latent "head" of
+    # kv_lora_rank + qk_rope_head_dim values a token (num_kv_heads 1, head_dim that sum)
+    mla: bool = False
+    q_lora_rank: int = 0  # 0: q_proj straight from the hidden state
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    # DeepSeek's routing: top-k among the best ``moe_topk_group`` of ``moe_groups`` expert groups (0: no
+    # groups), the weights scaled; its shared experts are added ungated
+    moe_groups: int = 0
+    moe_topk_group: int = 0
+    routed_scaling_factor: float = 1.0
+    shared_expert_gated: bool = True
+    shared_expert_name: str = "shared_expert"
 
     def __post_init__(self) -> None:
         if self.arch not in SUPPORTED:
@@ -73,6 +89,11 @@ class ArchConfig:
     @property
     def rotary_size(self) -> int:
         return self.rotary_dim or self.head_dim
+
+    @property
+    def kv_cache_tensors(self) -> int:
+        """Tensors a layer's cache holds: K and V, or MLA's one latent (read as both)."""
+        return 1 if self.mla else 2
 
     @property
     def attention_layers(self) -> tuple[int, ...]:
@@ -105,17 +126,24 @@ class ArchConfig:
         moe = _moe_fields(family, cfg)
         gemma = family in ("gemma2", "gemma3")
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+        mla = _mla_fields(family, cfg)
+        if mla:  # the cache's view: one latent head of kv_lora_rank + qk_rope_head_dim
+            head_dim = mla["kv_lora_rank"] + mla["qk_rope_head_dim"]
+            partial = 1.0
         return cls(
             **moe,
+            **mla,
             **_linear_fields(family, cfg),
-            rotary_dim=int(head_dim * partial) if partial != 1.0 else 0,
+            rotary_dim=mla["qk_rope_head_dim"] if mla else int(head_dim * partial) if partial != 1.0 else 0,
+            rope_interleaved=bool(mla),
+            query_scale=(mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"]) ** -0.5 if mla else
+            float(cfg["query_pre_attn_scalar"]) ** -0.5 if gemma else None,
             attn_output_gate=family == "qwen3_next",
             **_window_fields(family, cfg),
             rope_local_theta=None if local_rope is None else float(
                 local_rope.get("rope_theta", cfg.get("rope_local_base_freq", 10000.0))),
             hidden_act="gelu_tanh" if gemma else "silu",
             embed_scale=gemma, sandwich_norms=gemma, norm_offset=gemma or family == "qwen3_next",
-            query_scale=float(cfg["query_pre_attn_scalar"]) ** -0.5 if gemma else None,
             attn_softcap=float(cfg.get("attn_logit_softcapping") or 0.0) if gemma else 0.0,
             final_softcap=float(cfg.get("final_logit_softcapping") or 0.0) if gemma else 0.0,
             arch=family,
@@ -124,7 +152,7 @@ class ArchConfig:
             intermediate_size=cfg["intermediate_size"],
             num_layers=cfg["num_hidden_layers"],
             num_heads=heads,
-            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            num_kv_heads=1 if mla else cfg.get("num_key_value_heads") or heads,
             head_dim=head_dim,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             rope_theta=float(theta),
@@ -138,6 +166,15 @@ class ArchConfig:
             qk_norm_whole=family == "olmoe",
             clip_qkv=cfg.get("clip_qkv") if family == "olmoe" else None,
         )
+
+
+def _mla_fields(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    """Multi-head latent attention's shape (DeepSeek-V2)."""
+    if family != "deepseek_v2":
+        return {}
+    return dict(mla=True, q_lora_rank=cfg.get("q_lora_rank") or 0, kv_lora_rank=cfg["kv_lora_rank"],
+                qk_nope_head_dim=cfg["qk_nope_head_dim"], qk_rope_head_dim=cfg["qk_rope_head_dim"],
+                v_head_dim=cfg["v_head_dim"])
 
 
 def _linear_fields(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -178,6 +215,18 @@ def _moe_fields(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
         return dict(sparse_layers=tuple(range(layers)), num_experts=cfg["num_local_experts"],
                     num_experts_per_tok=cfg["num_experts_per_tok"], moe_intermediate_size=cfg["intermediate_size"],
                     norm_topk_prob=True, moe_prefix="block_sparse_moe", expert_names=("w1", "w3", "w2"))
+    if family == "deepseek_v2":
+        method = cfg.get("topk_method") or "greedy"
+        if method not in ("greedy", "group_limited_greedy"):
+            raise ValueError(f"unsupported DeepSeek routing {method!r}; supported: greedy, group_limited_greedy")
+        grouped = method == "group_limited_greedy"
+        return dict(sparse_layers=tuple(range(cfg.get("first_k_dense_replace", 0), layers)),
+                    num_experts=cfg["n_routed_experts"], num_experts_per_tok=cfg["num_experts_per_tok"],
+                    moe_intermediate_size=cfg["moe_intermediate_size"], norm_topk_prob=False,
+                    shared_expert_intermediate_size=cfg["moe_intermediate_size"] * (cfg.get("n_shared_experts") or 0),
+                    moe_groups=cfg["n_group"] if grouped else 0, moe_topk_group=cfg["topk_group"] if grouped else 0,
+                    routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0), shared_expert_gated=False,
+                    shared_expert_name="shared_experts")
     if family == "olmoe":
         return dict(sparse_layers=tuple(range(layers)), num_experts=cfg["num_experts"],
                     num_experts_per_tok=cfg["num_experts_per_tok"], moe_intermediate_size=cfg["intermediate_size"],

@@ -343,7 +343,7 @@ class DecodeFastPath:
                 # module path serves them)
                 or model.cfg.sparse_layers or model.cfg.qk_norm_whole or model.cfg.sandwich_norms
                 or model.cfg.hidden_act != "silu" or model.cfg.embed_scale or model.rotary_local is not None
-                or model.cfg.linear_layers or model.cfg.attn_output_gate or model.cfg.rotary_dim):
+                or model.cfg.linear_layers or model.cfg.attn_output_gate or model.cfg.rotary_dim or model.cfg.mla):
             return None
         planner = DecodePlanner(model.cfg.hidden_size, dtype, ew, attn,
                                 int8.library() if dtype == torch.bfloat16 else None)

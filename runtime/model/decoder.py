@@ -17,6 +17,7 @@ from actorserve.kernels.gemm import GgufQ8Weight, GgufWeight, PreparedWeight, li
 from actorserve.runtime.model.arch_config import ArchConfig
 from actorserve.runtime.model.layers import Embedding, GatedMLP, Linear, RMSNorm, RotaryEmbedding, apply_rotary, rope_inv_freq
 from actorserve.runtime.model.linear_attention import GatedDeltaNet, LinearStep
+from actorserve.runtime.model.mla import MLAttention
 from actorserve.runtime.model.moe import SparseMoE
 
 
@@ -91,7 +92,7 @@ class DecoderLayer(nn.Module):
         if self.linear:
             self.linear_attn = GatedDeltaNet(cfg)
         else:
-            self.self_attn = Attention(cfg, index)
+            self.self_attn = MLAttention(cfg) if cfg.mla else Attention(cfg, index)
         # Llama's norm before the MLP; Gemma's norm of the attention output, with two more around the MLP
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.sandwich = cfg.sandwich_norms
@@ -102,7 +103,9 @@ class DecoderLayer(nn.Module):
         self.local_rope = cfg.rope_local_theta is not None and index in cfg.sliding_layers
         if index in cfg.sparse_layers:
             self.mlp = SparseMoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts,
-                                 cfg.num_experts_per_tok, cfg.norm_topk_prob, cfg.shared_expert_intermediate_size)
+                                 cfg.num_experts_per_tok, cfg.norm_topk_prob, cfg.shared_expert_intermediate_size,
+                                 cfg.moe_groups, cfg.moe_topk_group, cfg.routed_scaling_factor,
+                                 cfg.shared_expert_gated, cfg.shared_expert_name)
         else:
             self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
 
@@ -206,8 +209,9 @@ class CausalLM(nn.Module):
         shards = {"self_attn.qkv_proj": [("self_attn.q_proj", 0, q), ("self_attn.k_proj", q, q + kv),
                                          ("self_attn.v_proj", q + kv, q + 2 * kv)],
                   "mlp.gate_up_proj": [("mlp.gate_proj", 0, inter), ("mlp.up_proj", inter, 2 * inter)],
-                  "mlp.shared_expert.gate_up_proj": [("mlp.shared_expert.gate_proj", 0, shared),
-                                                     ("mlp.shared_expert.up_proj", shared, 2 * shared)]}
+                  f"mlp.{cfg.shared_expert_name}.gate_up_proj": [
+                      (f"mlp.{cfg.shared_expert_name}.gate_proj", 0, shared),
+                      (f"mlp.{cfg.shared_expert_name}.up_proj", shared, 2 * shared)]}
         layout = {}
         sizes = [(name, p.shape[0]) for name, p in self.named_parameters()]
         for name, rows in sizes + [(name, w.out_features) for name, w in self._held_blocks().items()]:

@@ -1,6 +1,7 @@
 """Sparse mixture-of-experts MLP (Qwen2-MoE / Qwen3-MoE / Mixtral style): a router picks each token's top-k
 experts, their gated MLPs run, and the outputs are summed with the routing weights; Qwen2-MoE adds a shared
-expert behind a sigmoid gate.
+expert behind a sigmoid gate, DeepSeek its shared experts ungated (and may limit each token's experts to its
+best groups of experts, and scale the weights).
 
 The experts' weights are two stacked parameters, gate|up [E * 2I, H] and down [E * H, I], so the
 checkpoint's per-expert tensors are row ranges of them (``checkpoint_shards``), as q/k/v are of qkv_proj.
@@ -47,20 +48,26 @@ class RouterGate:
 
 class SparseMoE(nn.Module):
     def __init__(self, hidden: int, inter: int, num_experts: int, top_k: int, renormalize: bool,
-                 shared_inter: int = 0) -> None:
+                 shared_inter: int = 0, groups: int = 0, topk_group: int = 0, scaling: float = 1.0,
+                 shared_gated: bool = True, shared_name: str = "shared_expert") -> None:
         super().__init__()
         self.hidden, self.inter, self.num_experts, self.top_k = hidden, inter, num_experts, top_k
-        self.renormalize = renormalize
+        self.renormalize, self.scaling = renormalize, scaling
+        if groups and (num_experts % groups or not 0 < topk_group <= groups):
+            raise ValueError(f"{num_experts} experts in {groups} groups, top {topk_group} groups: not a grouping")
+        self.groups, self.topk_group = groups, topk_group
         self.gate = nn.Linear(hidden, num_experts, bias=False)  # the router
         self.experts_gate_up = nn.Parameter(torch.empty(num_experts * 2 * inter, hidden), requires_grad=False)
         self.experts_down = nn.Parameter(torch.empty(num_experts * hidden, inter), requires_grad=False)
-        self.shared_expert = None
         self.shared_expert_gate = None
+        self.shared_name = shared_name  # the checkpoint's name of the shared expert(s)
+        setattr(self, shared_name, None)
         if shared_inter:
             from actorserve.runtime.model.layers import GatedMLP
 
-            self.shared_expert = GatedMLP(hidden, shared_inter)
-            self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
+            setattr(self, shared_name, GatedMLP(hidden, shared_inter))
+            if shared_gated:
+                self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
         self.router_gate: Optional[RouterGate] = None  # set at load (``decide_router``)
 
     def decide_router(self) -> None:
@@ -75,9 +82,17 @@ class SparseMoE(nn.Module):
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each token's top-k experts [T, k] and their weights [T, k] in x's dtype."""
         probs = self.router_logits(x).float().softmax(dim=-1)
+        if self.groups:  # only experts of each token's best topk_group groups (a group scores its best expert)
+            grouped = probs.view(-1, self.groups, self.num_experts // self.groups)
+            best = grouped.amax(dim=-1).topk(self.topk_group, dim=-1).indices
+            keep = torch.zeros(probs.shape[0], self.groups, dtype=torch.bool, device=probs.device)
+            keep.scatter_(1, best, True)
+            probs = grouped.masked_fill(~keep[:, :, None], 0.0).view_as(probs)
         weights, experts = probs.topk(self.top_k, dim=-1)
         if self.renormalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
+        if self.scaling != 1.0:
+            weights = weights * self.scaling
         return experts, weights.to(x.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -100,8 +115,11 @@ class SparseMoE(nn.Module):
             y = F.linear(h, self.experts_down[e * self.hidden:(e + 1) * self.hidden])
             out.index_add_(0, tokens[seg], y * scale[seg])
             start += n
-        if self.shared_expert is not None:
-            out = out + torch.sigmoid(F.linear(x, self.shared_expert_gate.weight)) * self.shared_expert(x)
+        shared = getattr(self, self.shared_name)
+        if shared is not None:
+            y = shared(x)
+            out = out + (y if self.shared_expert_gate is None else
+                         torch.sigmoid(F.linear(x, self.shared_expert_gate.weight)) * y)
         return out.view(shape)
 
     def checkpoint_shards(self, param: str, prefix: str, names: tuple[str, str, str]

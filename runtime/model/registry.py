@@ -42,6 +42,9 @@ FAMILIES: tuple[Family, ...] = (
            "Mixtral 8x7B / 8x22B (top-2 routing, renormalised)"),
     Family("qwen3_next", ("Qwen3NextForCausalLM",), ("qwen3_next",), (),
            "Qwen3-Next (gated delta net linear attention interleaved with gated full attention, MoE)"),
+    Family("deepseek_v2", ("DeepseekV2ForCausalLM",), ("deepseek_v2",), (),
+           "DeepSeek-V2 / V2-Lite (multi-head latent attention over a compressed KV cache, shared and routed "
+           "experts; without YaRN rope scaling)"),
     Family("olmoe", ("OlmoeForCausalLM",), ("olmoe",), (),
            "OLMoE (q and k norms over the whole projection, top-k routing without renormalisation)"),
 )

@@ -36,20 +36,21 @@ _PROMPT_LOGPROB_ROWS = 256
 def kv_bytes_per_block(cfg: ArchConfig, block_size: int, dtype: torch.dtype) -> int:
     """A block's K and V in every softmax-attention layer (a hybrid model's GDN layers keep none)."""
     elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * len(cfg.attention_layers) * block_size * cfg.num_kv_heads * cfg.head_dim * elem
+    return cfg.kv_cache_tensors * len(cfg.attention_layers) * block_size * cfg.num_kv_heads * cfg.head_dim * elem
 
 
 def _zeroed_caches(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
-                   layers: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+                   layers: int, tensors: int = 2) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Each layer's K and V pools, all zeros (a never-written slot must not hold a NaN that masking cannot
-    hide). On the CPU they are views of one anonymous mapping, which the OS hands out as zero pages when
-    first touched: start-up does not write gigabytes of zeros, and untouched blocks cost no memory."""
-    nbytes = 2 * layers * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    hide); with ``tensors`` 1 (MLA's latent, read as both) the pair is one pool twice. On the CPU they are
+    views of one anonymous mapping, which the OS hands out as zero pages when first touched: start-up does
+    not write gigabytes of zeros, and untouched blocks cost no memory."""
+    nbytes = tensors * layers * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     if device.type != "cpu" or nbytes == 0:  # (an empty mapping is an error)
-        return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-                for _ in range(layers)]
-    pool = torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8).view(dtype).view(2 * layers, *shape)
-    return [(pool[2 * i], pool[2 * i + 1]) for i in range(layers)]
+        pool = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(tensors * layers)]
+    else:
+        pool = torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8).view(dtype).view(tensors * layers, *shape)
+    return [(pool[tensors * i], pool[tensors * i + tensors - 1]) for i in range(layers)]
 
 
 def _drafted_decode(chunk: ScheduledChunk) -> bool:
@@ -91,7 +92,7 @@ class ModelRunner:
         linear = [int(name) in cfg.linear_layers for name in model.model.layers]
         if any(linear) and num_state_slots < 1:
             raise ValueError("a model with linear-attention layers needs state slots (num_state_slots)")
-        pools = iter(_zeroed_caches(shape, dtype, self.device, linear.count(False)))
+        pools = iter(_zeroed_caches(shape, dtype, self.device, linear.count(False), cfg.kv_cache_tensors))
         self.num_state_slots = num_state_slots if any(linear) else 0
         self.kv_caches = [LinearLayerState.zeros(cfg, num_state_slots, dtype, self.device) if is_linear
                           else next(pools) for is_linear in linear]

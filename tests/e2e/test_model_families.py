@@ -23,6 +23,9 @@ SHAPES = {
     "qwen3_next": dict(num_hidden_layers=4, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
                        linear_key_head_dim=16, linear_value_head_dim=8, num_experts=4, num_experts_per_tok=2,
                        moe_intermediate_size=32, shared_expert_intermediate_size=48),
+    "deepseek_v2": dict(num_key_value_heads=4, kv_lora_rank=48, q_lora_rank=None, qk_nope_head_dim=16,
+                        qk_rope_head_dim=16, v_head_dim=24, n_routed_experts=4, num_experts_per_tok=2,
+                        moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1),
 }
 
 
