@@ -42,10 +42,12 @@ FAMILIES = {
     # multi-head latent attention: a latent of 48 + a rotary key of 16 (64 a token: the C kernel's head size);
     # with and without q's low rank; a dense first layer, then routed and shared experts, grouped routing
     "deepseek_v2": dict(num_hidden_layers=3, num_key_value_heads=4, kv_lora_rank=48, q_lora_rank=None,
-                        qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=24, n_routed_experts=4, num_experts_per_tok=2,
+                        qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=24, n_routed_experts=4,
+                        num_experts_per_tok=2,
                         moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1),
     "deepseek_v2-qlora": dict(num_hidden_layers=3, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=40,
-                              qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2,
+                              qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8,
+                              num_experts_per_tok=2,
                               moe_intermediate_size=32, n_shared_experts=2, first_k_dense_replace=1,
                               topk_method="group_limited_greedy", n_group=4, topk_group=1,
                               routed_scaling_factor=1.5),
