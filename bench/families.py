@@ -40,7 +40,13 @@ SHAPES = {
                                        **({"num_hidden_layers": 4} if d == 16 else {}),
                                        linear_num_value_heads=4 if d == 16 else 16, linear_key_head_dim=d,
                                        linear_value_head_dim=d, num_experts=8, num_experts_per_tok=2,
-                                       moe_intermediate_size=s // 2, shared_expert_intermediate_size=s)}
+                                       moe_intermediate_size=s // 2, shared_expert_intermediate_size=s),
+       # latent attention (rank 4 head sizes, a rotary key of a quarter head), a dense first layer, then
+       # 8 routed experts (2 active) and one shared
+       "deepseek_v2": lambda s, d: dict(num_key_value_heads=None, kv_lora_rank=4 * d, q_lora_rank=None,
+                                        qk_nope_head_dim=d, qk_rope_head_dim=d // 4, v_head_dim=d,
+                                        n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=s // 2,
+                                        n_shared_experts=1, first_k_dense_replace=1)}
 MID = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16,
            num_key_value_heads=4, max_position_embeddings=1024)
 
