@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from actorserve.kernels import triton as kernels_triton
 from actorserve.kernels.elementwise import silu_mul
 from actorserve.kernels.gemm import skinny
 
@@ -99,6 +100,11 @@ class SparseMoE(nn.Module):
         shape = x.shape
         x = x.reshape(-1, self.hidden)
         experts, weights = self.route(x)
+        fused = kernels_triton.for_tensor(x, "fused_moe")  # a GPU's fused kernel (None: the path below)
+        if fused is not None:
+            out = fused.fused_moe(x, self.experts_gate_up.view(self.num_experts, 2 * self.inter, self.hidden),
+                                  self.experts_down.view(self.num_experts, self.hidden, self.inter), experts, weights)
+            return self._add_shared(x, out).view(shape)
         flat = experts.flatten()
         order = flat.argsort(stable=True)
         tokens = order // self.top_k
@@ -115,12 +121,15 @@ class SparseMoE(nn.Module):
             y = F.linear(h, self.experts_down[e * self.hidden:(e + 1) * self.hidden])
             out.index_add_(0, tokens[seg], y * scale[seg])
             start += n
+        return self._add_shared(x, out).view(shape)
+
+    def _add_shared(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         shared = getattr(self, self.shared_name)
-        if shared is not None:
-            y = shared(x)
-            out = out + (y if self.shared_expert_gate is None else
-                         torch.sigmoid(F.linear(x, self.shared_expert_gate.weight)) * y)
-        return out.view(shape)
+        if shared is None:
+            return out
+        y = shared(x)
+        return out + (y if self.shared_expert_gate is None else
+                      torch.sigmoid(F.linear(x, self.shared_expert_gate.weight)) * y)
 
     def checkpoint_shards(self, param: str, prefix: str, names: tuple[str, str, str]
                           ) -> Optional[list[tuple[str, int, int]]]:

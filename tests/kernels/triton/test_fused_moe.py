@@ -1,0 +1,50 @@
+"""The triton fused-MoE kernel against the torch path of SparseMoE (one product per expert over its
+tokens), in the interpreter: pairs sorted by expert and padded to whole blocks, experts with no token,
+an expert with more tokens than a block, routing weights renormalised or not, a shared expert; and
+SparseMoE takes the kernel where ``kernels.triton`` offers it (a GPU tensor; here the lookup is opened)."""
+import pytest
+import torch
+
+from actorserve.kernels import triton as kernels_triton
+from actorserve.kernels.triton import fused_moe as fm
+from actorserve.runtime.model.moe import SparseMoE
+
+
+def test_pairs_are_sorted_by_expert_and_padded_to_blocks():
+    experts = torch.tensor([[2, 0], [2, 3], [0, 2]])  # pairs 0..5: experts 2, 0, 2, 3, 0, 2
+    ids, block_expert = fm.align_pairs(experts, num_experts=5, block_m=4)
+    assert block_expert.tolist() == [0, 2, 3]  # experts 1 and 4 have no block
+    assert ids.tolist() == [1, 4, 6, 6, 0, 2, 5, 6, 3, 6, 6, 6]  # 6: padding, past every pair
+
+
+def _moe(seed, renormalize, shared, experts=6, top_k=2):
+    torch.manual_seed(seed)
+    moe = SparseMoE(32, 24, experts, top_k, renormalize, shared_inter=16 if shared else 0)
+    for p in moe.parameters():
+        torch.nn.init.normal_(p, 0.0, 0.2)
+    return moe
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 40])
+@pytest.mark.parametrize("renormalize, shared", [(True, False), (False, True)])
+def test_the_kernel_equals_the_torch_path(device, tokens, renormalize, shared):
+    moe = _moe(0, renormalize, shared).to(device)
+    x = torch.randn(tokens, 32, generator=torch.Generator().manual_seed(1)).to(device)
+    experts, weights = moe.route(x)
+    got = fm.fused_moe(x, moe.experts_gate_up.view(6, 48, 32), moe.experts_down.view(6, 32, 24), experts, weights)
+    ref = moe.forward(x) - (moe._add_shared(x, torch.zeros_like(x)) if shared else 0)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-4)
+
+
+def test_sparse_moe_takes_the_kernel_where_offered(monkeypatch, device):
+    moe = _moe(2, True, True).to(device)
+    x = torch.randn(9, 32, generator=torch.Generator().manual_seed(3)).to(device)
+    plain = moe(x)
+    calls = []
+
+    def offer(t, module):
+        calls.append(module)
+        return fm if module == "fused_moe" else None
+    monkeypatch.setattr(kernels_triton, "for_tensor", offer)
+    torch.testing.assert_close(moe(x), plain, atol=1e-5, rtol=1e-4)
+    assert calls and calls[0] == "fused_moe"
