@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from actorserve.kernels import triton as kernels_triton
 from actorserve.kernels.linear_attention import causal_conv, gated_delta
 from actorserve.runtime.model.arch_config import ArchConfig
 from actorserve.runtime.model.layers import Linear
@@ -140,9 +141,10 @@ class GatedDeltaNet(nn.Module):
         beta = torch.sigmoid(b.float())
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
         core = torch.empty(t, self.hv, self.dv, dtype=torch.float32, device=x.device)
-        if nd:
-            core[:nd] = gated_delta.recurrent_step(q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], state.recurrent,
-                                                   step.decode_slots)
+        if nd:  # one launch on a GPU (kernels.triton.gated_delta), the torch step elsewhere
+            kernel = kernels_triton.for_tensor(x, "gated_delta") or gated_delta
+            core[:nd] = kernel.recurrent_step(q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], state.recurrent,
+                                              step.decode_slots)
         if t > nd:
             core[nd:] = gated_delta.chunked_varlen(q[nd:], k[nd:], v[nd:], g[nd:], beta[nd:], offsets,
                                                    state.recurrent, step.prefill_slots, step.prefill_fresh)

@@ -1,0 +1,59 @@
+"""The GDN decode step's triton kernel against the torch step (and so against the token-by-token
+reference), in the interpreter: grouped value heads, head sizes that are not powers of two, only the
+given slots advanced; and the GDN layer takes it where ``kernels.triton`` offers it."""
+import torch
+
+from actorserve.kernels import triton as kernels_triton
+from actorserve.kernels.linear_attention import gated_delta as torch_step
+from actorserve.kernels.triton import gated_delta as triton_step
+
+
+def _inputs(b, hk, hv, dk, dv, seed):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(b, hk, dk, generator=g), torch.randn(b, hk, dk, generator=g),
+            torch.randn(b, hv, dv, generator=g), -torch.rand(b, hv, generator=g), torch.rand(b, hv, generator=g))
+
+
+def test_the_kernel_equals_the_torch_step(device):
+    hk, hv, dk, dv = 2, 6, 24, 12
+    states = torch.randn(7, hv, dk, dv, generator=torch.Generator().manual_seed(0)) * 0.3
+    slots = torch.tensor([5, 0, 3])
+    expected_states = states.clone()
+    for seed in range(3):  # three steps in a row: the state carries
+        args = _inputs(3, hk, hv, dk, dv, seed)
+        ref = torch_step.recurrent_step(*args, expected_states, slots)
+        got_states = states.to(device)
+        got = triton_step.recurrent_step(*(a.to(device) for a in args), got_states, slots.to(device))
+        states = got_states.cpu()
+        torch.testing.assert_close(got.cpu(), ref, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(states, expected_states, atol=1e-5, rtol=1e-4)
+    untouched = [1, 2, 4, 6]
+    assert torch.equal(states[untouched], expected_states[untouched])
+
+
+def test_the_gdn_layer_takes_the_kernel_where_offered(monkeypatch, tmp_path, device):
+    from actorserve.runtime.model.hf_weights import read_config
+    from actorserve.runtime.model.linear_attention import GatedDeltaNet, LinearLayerState, LinearStep
+    from tests.conftest import save_tiny_model
+    from tests.runtime.model.test_linear_attention import SHAPE
+
+    cfg = read_config(str(save_tiny_model("qwen3_next", tmp_path / "m", **SHAPE)))
+    layer = GatedDeltaNet(cfg)
+    for p in layer.parameters():
+        torch.nn.init.normal_(p, 0.0, 0.2)
+    layer = layer.to(device)
+    x = torch.randn(4, cfg.hidden_size, generator=torch.Generator().manual_seed(1)).to(device)
+    step = LinearStep(3, torch.tensor([0, 2, 1], device=device), torch.tensor([False, False, True], device=device),
+                      [0, 1], [3], [True])
+    outs, calls = [], []
+    for offered in (False, True):
+        def offer(t, module, offered=offered):
+            calls.append(module)
+            return triton_step if offered and module == "gated_delta" else None
+        monkeypatch.setattr(kernels_triton, "for_tensor", offer)
+        state = LinearLayerState.zeros(cfg, 4, torch.float32, torch.device(device))
+        state.recurrent.normal_(0.0, 0.3, generator=torch.Generator(device=device).manual_seed(2))
+        outs.append((layer(x, state, step), state.recurrent.clone()))
+    torch.testing.assert_close(outs[1][0], outs[0][0], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(outs[1][1], outs[0][1], atol=1e-5, rtol=1e-4)
+    assert "gated_delta" in calls
