@@ -112,7 +112,9 @@ class ArchConfig:
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> "ArchConfig":
-        family = family_of_hf(cfg).name
+        """The fields every family reads from a config.json, then its family's own switches
+        (``runtime.model.models``), which may override them."""
+        family = family_of_hf(cfg)
         heads = cfg["num_attention_heads"]
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
         partial = float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)) or 1.0)
@@ -123,121 +125,26 @@ class ArchConfig:
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
         eos = cfg.get("eos_token_id")
-        moe = _moe_fields(family, cfg)
-        gemma = family in ("gemma2", "gemma3")
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-        mla = _mla_fields(family, cfg)
-        if mla:  # the cache's view: one latent head of kv_lora_rank + qk_rope_head_dim
-            head_dim = mla["kv_lora_rank"] + mla["qk_rope_head_dim"]
-            partial = 1.0
-        return cls(
-            **moe,
-            **mla,
-            **_linear_fields(family, cfg),
-            rotary_dim=mla["qk_rope_head_dim"] if mla else int(head_dim * partial) if partial != 1.0 else 0,
-            rope_interleaved=bool(mla),
-            query_scale=(mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"]) ** -0.5 if mla else
-            float(cfg["query_pre_attn_scalar"]) ** -0.5 if gemma else None,
-            attn_output_gate=family == "qwen3_next",
-            **_window_fields(family, cfg),
-            rope_local_theta=None if local_rope is None else float(
-                local_rope.get("rope_theta", cfg.get("rope_local_base_freq", 10000.0))),
-            hidden_act="gelu_tanh" if gemma else "silu",
-            embed_scale=gemma, sandwich_norms=gemma, norm_offset=gemma or family == "qwen3_next",
-            attn_softcap=float(cfg.get("attn_logit_softcapping") or 0.0) if gemma else 0.0,
-            final_softcap=float(cfg.get("final_logit_softcapping") or 0.0) if gemma else 0.0,
-            arch=family,
+        fields = dict(
+            arch=family.name,
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
             intermediate_size=cfg["intermediate_size"],
             num_layers=cfg["num_hidden_layers"],
             num_heads=heads,
-            num_kv_heads=1 if mla else cfg.get("num_key_value_heads") or heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
             head_dim=head_dim,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             rope_theta=float(theta),
             max_position_embeddings=cfg.get("max_position_embeddings", 2048),
             tie_word_embeddings=cfg.get("tie_word_embeddings", False),
-            attention_bias=cfg.get("attention_bias", family in ("qwen2", "qwen2_moe")),
-            qk_norm=family in ("qwen3", "qwen3_moe", "gemma3", "qwen3_next"),
+            attention_bias=cfg.get("attention_bias", False),
             rope_scaling=dict(rope) if rope_type not in ("default", None) else None,
             eos_token_id=eos[0] if isinstance(eos, list) else eos,
-            fused_checkpoint=family == "phi3",
-            qk_norm_whole=family == "olmoe",
-            clip_qkv=cfg.get("clip_qkv") if family == "olmoe" else None,
+            rotary_dim=int(head_dim * partial) if partial != 1.0 else 0,
+            rope_local_theta=None if local_rope is None else float(
+                local_rope.get("rope_theta", cfg.get("rope_local_base_freq", 10000.0))),
         )
-
-
-def _mla_fields(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
-    """Multi-head latent attention's shape (DeepSeek-V2)."""
-    if family != "deepseek_v2":
-        return {}
-    return dict(mla=True, q_lora_rank=cfg.get("q_lora_rank") or 0, kv_lora_rank=cfg["kv_lora_rank"],
-                qk_nope_head_dim=cfg["qk_nope_head_dim"], qk_rope_head_dim=cfg["qk_rope_head_dim"],
-                v_head_dim=cfg["v_head_dim"])
-
-
-def _linear_fields(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
-    """The gated-delta-net fields of ArchConfig (Qwen3-Next: three linear layers in four by default)."""
-    if family != "qwen3_next":
-        return {}
-    types = cfg.get("layer_types") or ["linear_attention" if (i + 1) % cfg.get("full_attention_interval", 4)
-                                       else "full_attention" for i in range(cfg["num_hidden_layers"])]
-    return dict(linear_layers=tuple(i for i, t in enumerate(types) if t == "linear_attention"),
-                linear_num_key_heads=cfg["linear_num_key_heads"], linear_num_value_heads=cfg["linear_num_value_heads"],
-                linear_key_head_dim=cfg["linear_key_head_dim"], linear_value_head_dim=cfg["linear_value_head_dim"],
-                linear_conv_kernel=cfg.get("linear_conv_kernel_dim", 4))
-
-
-def _window_fields(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
-    """The sliding-window fields of ArchConfig: which layers slide, over how many tokens. A window no
-    shorter than the model's positions slides nowhere."""
-    window = cfg.get("sliding_window")
-    layers = cfg["num_hidden_layers"]
-    if family in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and not cfg.get("use_sliding_window"):
-        window = None
-    if not window or window >= cfg.get("max_position_embeddings", 2048) and family not in ("gemma2", "gemma3"):
-        return {}
-    types = cfg.get("layer_types")
-    if types:
-        sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
-    elif family in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):  # (layers from max_window_layers on slide)
-        sliding = tuple(range(cfg.get("max_window_layers", layers), layers))
-    else:
-        sliding = tuple(range(layers))
-    return dict(sliding_window=int(window), sliding_layers=sliding) if sliding else {}
-
-
-def _moe_fields(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
-    """The sparse-MLP fields of ArchConfig for an MoE family's config.json (none for a dense one)."""
-    layers = cfg["num_hidden_layers"]
-    if family == "mixtral":
-        return dict(sparse_layers=tuple(range(layers)), num_experts=cfg["num_local_experts"],
-                    num_experts_per_tok=cfg["num_experts_per_tok"], moe_intermediate_size=cfg["intermediate_size"],
-                    norm_topk_prob=True, moe_prefix="block_sparse_moe", expert_names=("w1", "w3", "w2"))
-    if family == "deepseek_v2":
-        method = cfg.get("topk_method") or "greedy"
-        if method not in ("greedy", "group_limited_greedy"):
-            raise ValueError(f"unsupported DeepSeek routing {method!r}; supported: greedy, group_limited_greedy")
-        grouped = method == "group_limited_greedy"
-        return dict(sparse_layers=tuple(range(cfg.get("first_k_dense_replace", 0), layers)),
-                    num_experts=cfg["n_routed_experts"], num_experts_per_tok=cfg["num_experts_per_tok"],
-                    moe_intermediate_size=cfg["moe_intermediate_size"], norm_topk_prob=False,
-                    shared_expert_intermediate_size=cfg["moe_intermediate_size"] * (cfg.get("n_shared_experts") or 0),
-                    moe_groups=cfg["n_group"] if grouped else 0, moe_topk_group=cfg["topk_group"] if grouped else 0,
-                    routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0), shared_expert_gated=False,
-                    shared_expert_name="shared_experts")
-    if family == "olmoe":
-        return dict(sparse_layers=tuple(range(layers)), num_experts=cfg["num_experts"],
-                    num_experts_per_tok=cfg["num_experts_per_tok"], moe_intermediate_size=cfg["intermediate_size"],
-                    norm_topk_prob=bool(cfg.get("norm_topk_prob")))
-    if family not in ("qwen3_moe", "qwen2_moe", "qwen3_next"):
-        return {}
-    experts = cfg["num_experts"] if "num_experts" in cfg else cfg["num_local_experts"]  # (transformers 5 names it so)
-    step = cfg.get("decoder_sparse_step", 1) or 1
-    dense = set(cfg.get("mlp_only_layers") or [])
-    return dict(sparse_layers=tuple(i for i in range(layers) if i not in dense and experts and (i + 1) % step == 0),
-                num_experts=experts, num_experts_per_tok=cfg["num_experts_per_tok"],
-                moe_intermediate_size=cfg["moe_intermediate_size"], norm_topk_prob=bool(cfg.get("norm_topk_prob")),
-                shared_expert_intermediate_size=cfg.get("shared_expert_intermediate_size", 0)
-                if family in ("qwen2_moe", "qwen3_next") else 0)
+        fields.update(family.switches(cfg))
+        return cls(**fields)

@@ -1,53 +1,24 @@
 """The model registry: which architectures load, by the names checkpoints give them (an HF config's
 ``architectures`` and ``model_type``, a GGUF file's ``general.architecture``), each mapped to its family.
 
-A family is the switches of ``ArchConfig`` it sets (and the one decoder, ``runtime.model.decoder``, reads
-them). What a checkpoint names and no family claims is a ``ModelLoadError`` that lists what is supported.
-Importing this module imports no torch.
+A family is one module of ``runtime.model.models``: its names and the switches of ``ArchConfig`` it sets,
+which the shared decoder (``runtime.model.decoder``) reads. What a checkpoint names and no family claims is
+a ``ModelLoadError`` that lists what is supported. Importing this module imports no torch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import importlib
 from typing import Any
 
 from actorserve.runtime.errors import ModelLoadError
+from actorserve.runtime.model import models
+from actorserve.runtime.model.family import Family
+
+__all__ = ["FAMILIES", "Family", "NAMES", "family_of_gguf", "family_of_hf", "markdown", "supported"]
 
 
-@dataclass(frozen=True)
-class Family:
-    name: str  # ArchConfig.arch
-    hf_architectures: tuple[str, ...]
-    hf_model_types: tuple[str, ...]
-    gguf_architectures: tuple[str, ...]
-    models: str  # what it covers, for the README and the errors
-
-
-FAMILIES: tuple[Family, ...] = (
-    Family("llama", ("LlamaForCausalLM",), ("llama",), ("llama",),
-           "Llama 2 / 3 / 3.1 / 3.2 (llama3 and linear rope scaling), SmolLM / SmolLM2, TinyLlama"),
-    Family("mistral", ("MistralForCausalLM",), ("mistral",), (), "Mistral 7B (its sliding window too)"),
-    Family("gemma2", ("Gemma2ForCausalLM",), ("gemma2",), (),
-           "Gemma 2 (alternating sliding and global layers, attention and logit soft-capping)"),
-    Family("gemma3", ("Gemma3ForCausalLM",), ("gemma3_text",), (),
-           "Gemma 3 text models (sliding layers with their own rotary base, q and k norms)"),
-    Family("qwen2", ("Qwen2ForCausalLM",), ("qwen2",), ("qwen2",), "Qwen2 / Qwen2.5 (q, k, v biases)"),
-    Family("qwen3", ("Qwen3ForCausalLM",), ("qwen3",), ("qwen3",), "Qwen3 dense (q and k norms)"),
-    Family("phi3", ("Phi3ForCausalLM",), ("phi3",), (),
-           "Phi-3 / Phi-3.5 mini (fused qkv and gate-up weights, sliding window; without LongRoPE scaling)"),
-    Family("qwen3_moe", ("Qwen3MoeForCausalLM",), ("qwen3_moe",), (),
-           "Qwen3-MoE (top-k routing, renormalised where norm_topk_prob)"),
-    Family("qwen2_moe", ("Qwen2MoeForCausalLM",), ("qwen2_moe",), (),
-           "Qwen1.5-MoE / Qwen2-MoE (top-k routing and a gated shared expert)"),
-    Family("mixtral", ("MixtralForCausalLM",), ("mixtral",), (),
-           "Mixtral 8x7B / 8x22B (top-2 routing, renormalised)"),
-    Family("qwen3_next", ("Qwen3NextForCausalLM",), ("qwen3_next",), (),
-           "Qwen3-Next (gated delta net linear attention interleaved with gated full attention, MoE)"),
-    Family("deepseek_v2", ("DeepseekV2ForCausalLM",), ("deepseek_v2",), (),
-           "DeepSeek-V2 / V2-Lite (multi-head latent attention over a compressed KV cache, shared and routed "
-           "experts; without YaRN rope scaling)"),
-    Family("olmoe", ("OlmoeForCausalLM",), ("olmoe",), (),
-           "OLMoE (q and k norms over the whole projection, top-k routing without renormalisation)"),
-)
+FAMILIES: tuple[Family, ...] = tuple(
+    importlib.import_module(f"{models.__name__}.{name}").FAMILY for name in models.MODULES)
 NAMES = tuple(f.name for f in FAMILIES)
 
 

@@ -1,0 +1,32 @@
+"""DeepSeek-V2 / V2-Lite: multi-head latent attention (``runtime.model.mla``), whose cache holds one latent
+head of kv_lora_rank + qk_rope_head_dim values, rotary on adjacent pairs; after the first dense layers,
+routed experts (top-k of the best groups where the routing is grouped, weights scaled) and shared experts
+added ungated."""
+from typing import Any
+
+from actorserve.runtime.model.family import Family
+
+ROUTINGS = ("greedy", "group_limited_greedy")
+
+
+def _switches(cfg: dict[str, Any]) -> dict[str, Any]:
+    method = cfg.get("topk_method") or "greedy"
+    if method not in ROUTINGS:
+        raise ValueError(f"unsupported DeepSeek routing {method!r}; supported: {', '.join(ROUTINGS)}")
+    grouped = method == "group_limited_greedy"
+    rank, nope, rope = cfg["kv_lora_rank"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"]
+    return dict(mla=True, q_lora_rank=cfg.get("q_lora_rank") or 0, kv_lora_rank=rank, qk_nope_head_dim=nope,
+                qk_rope_head_dim=rope, v_head_dim=cfg["v_head_dim"], num_kv_heads=1, head_dim=rank + rope,
+                rotary_dim=rope, rope_interleaved=True, query_scale=(nope + rope) ** -0.5,
+                sparse_layers=tuple(range(cfg.get("first_k_dense_replace", 0), cfg["num_hidden_layers"])),
+                num_experts=cfg["n_routed_experts"], num_experts_per_tok=cfg["num_experts_per_tok"],
+                moe_intermediate_size=cfg["moe_intermediate_size"], norm_topk_prob=False,
+                shared_expert_intermediate_size=cfg["moe_intermediate_size"] * (cfg.get("n_shared_experts") or 0),
+                moe_groups=cfg["n_group"] if grouped else 0, moe_topk_group=cfg["topk_group"] if grouped else 0,
+                routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0), shared_expert_gated=False,
+                shared_expert_name="shared_experts")
+
+
+FAMILY = Family("deepseek_v2", ("DeepseekV2ForCausalLM",), ("deepseek_v2",), (),
+                "DeepSeek-V2 / V2-Lite (multi-head latent attention over a compressed KV cache, shared and routed "
+                "experts; without YaRN rope scaling)", switches=_switches)
