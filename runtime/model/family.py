@@ -22,6 +22,9 @@ class Family:
     models: str  # what it covers, for the README and the errors
     # the ArchConfig fields this family sets from a config.json, beyond the ones every family reads
     switches: Switches = field(default=_none, compare=False)
+    # and from a GGUF file's metadata: given the reader of its "<arch>." keys and its tensor names
+    gguf_switches: Callable[[Callable[..., Any], set[str]], dict[str, Any]] = field(
+        default=lambda a, names: {}, compare=False)
 
 
 def windows(cfg: dict[str, Any], qwen_switch: bool = False) -> dict[str, Any]:
@@ -42,6 +45,16 @@ def windows(cfg: dict[str, Any], qwen_switch: bool = False) -> dict[str, Any]:
     else:
         sliding = tuple(range(layers))
     return dict(sliding_window=int(window), sliding_layers=sliding) if sliding else {}
+
+
+def gguf_experts(a: Callable[..., Any], names: set[str], renormalize: bool) -> dict[str, Any]:
+    """Sparse MLPs from llama.cpp's metadata: the layers with a router (``ffn_gate_inp``), the expert counts
+    and widths; the renormalisation is the architecture's (llama.cpp fixes it per architecture)."""
+    layers = a("block_count")
+    return dict(sparse_layers=tuple(i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" in names),
+                num_experts=a("expert_count"), num_experts_per_tok=a("expert_used_count"),
+                moe_intermediate_size=a("expert_feed_forward_length"), norm_topk_prob=renormalize,
+                shared_expert_intermediate_size=a("expert_shared_feed_forward_length", 0) or 0)
 
 
 def qwen_experts(cfg: dict[str, Any], shared: bool) -> dict[str, Any]:

@@ -36,7 +36,16 @@ _LAYER_NAMES = {
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+    # mixture of experts (llama.cpp's qwen2moe / qwen3moe): the router, the shared expert and its gate
+    "ffn_gate_inp.weight": "mlp.gate.weight",
+    "ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
+    "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
+    "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight",
+    "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",
 }
+# the experts of a layer, stacked [E, rows, columns] in one tensor each; a checkpoint's are one per expert
+_EXPERT_STACKS = {"ffn_gate_exps.weight": "gate_proj", "ffn_up_exps.weight": "up_proj",
+                  "ffn_down_exps.weight": "down_proj"}
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -52,7 +61,7 @@ def _field(reader: GGUFFile, key: str, default=None):
 
 def read_config(reader: GGUFFile) -> ArchConfig:
     arch = _field(reader, "general.architecture")
-    family_of_gguf(arch)  # ModelLoadError naming what is supported
+    family = family_of_gguf(arch)  # ModelLoadError naming what is supported
     a = lambda key, default=None: _field(reader, f"{arch}.{key}", default)  # noqa: E731
     names = {t.name for t in reader.tensors}
     vocab = a("vocab_size") or len(reader.fields.get("tokenizer.ggml.tokens", ()))
@@ -61,7 +70,8 @@ def read_config(reader: GGUFFile) -> ArchConfig:
     heads = a("attention.head_count")
     hidden = a("embedding_length")
     return ArchConfig(
-        arch=arch, vocab_size=int(vocab), hidden_size=hidden, intermediate_size=a("feed_forward_length"),
+        **family.gguf_switches(a, names),
+        arch=family.name, vocab_size=int(vocab), hidden_size=hidden, intermediate_size=a("feed_forward_length"),
         num_layers=a("block_count"), num_heads=heads, num_kv_heads=a("attention.head_count_kv", heads),
         head_dim=a("attention.key_length", hidden // heads), rms_norm_eps=a("attention.layer_norm_rms_epsilon"),
         rope_theta=float(a("rope.freq_base", 10000.0)), max_position_embeddings=a("context_length", 2048),
@@ -116,17 +126,26 @@ def iter_tensors(reader: GGUFFile, cfg: ArchConfig, wanted: Callable[[str], bool
     """HF-named fp32 tensors; ``wanted`` filters by name before anything is dequantized. A tensor that
     ``keep(name, type, shape)`` accepts comes as its ``StoredBlocks`` instead, not decoded."""
     for t in reader.tensors:
+        if t.type_name not in SUPPORTED_TYPES:
+            raise ModelLoadError(f"GGUF tensor {t.name} has type {t.type_name}; supported: {', '.join(SUPPORTED_TYPES)}")
+        m = _BLOCK.match(t.name)
+        if m and m.group(2) in _EXPERT_STACKS:  # one checkpoint tensor per expert, decoded
+            names = [f"model.layers.{m.group(1)}.mlp.experts.{e}.{_EXPERT_STACKS[m.group(2)]}.weight"
+                     for e in range(t.dims[0])]
+            if any(wanted(n) for n in names):
+                stack = dequantize(reader.tensor_data(t), t.type_name, t.dims)
+                yield from ((n, stack[e]) for e, n in enumerate(names) if wanted(n))
+            continue
         name = _hf_name(t.name)
         if not wanted(name):
             continue
-        if t.type_name not in SUPPORTED_TYPES:
-            raise ModelLoadError(f"GGUF tensor {t.name} has type {t.type_name}; supported: {', '.join(SUPPORTED_TYPES)}")
         if keep(name, t.type_name, t.dims):
             stored = stored_blocks(reader, t)
             stored.blocks = _llama_rows(name, cfg, stored.blocks).contiguous()  # rows are whole blocks
             yield name, stored
         else:
-            yield name, _llama_rows(name, cfg, dequantize(reader.tensor_data(t), t.type_name, t.dims))
+            tensor = _llama_rows(name, cfg, dequantize(reader.tensor_data(t), t.type_name, t.dims))
+            yield name, tensor.view(1, -1) if name.endswith("shared_expert_gate.weight") else tensor  # (1-D there)
 
 
 def _llama_rows(name: str, cfg: ArchConfig, rows: torch.Tensor) -> torch.Tensor:
