@@ -31,6 +31,7 @@ _LAYER_NAMES = {
     "attn_k.bias": "self_attn.k_proj.bias",
     "attn_v.bias": "self_attn.v_proj.bias",
     "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_qkv.weight": "self_attn.qkv_proj.weight",  # (Phi-3's fused q|k|v)
     "attn_q_norm.weight": "self_attn.q_norm.weight",
     "attn_k_norm.weight": "self_attn.k_norm.weight",
     "ffn_gate.weight": "mlp.gate_proj.weight",
@@ -91,10 +92,18 @@ def _hf_name(name: str) -> str:
     raise ModelLoadError(f"GGUF tensor {name!r} has no place in the model")
 
 
-def hf_name_or_none(name: str) -> Optional[str]:
+def _checkpoint_name(name: str, cfg: Optional[ArchConfig]) -> str:
+    """``_hf_name``, with Phi-3's ffn_up (gate|up fused, as the decoder holds it) named so."""
+    hf = _hf_name(name)
+    if cfg is not None and cfg.fused_checkpoint and hf.endswith("mlp.up_proj.weight"):
+        return hf.replace("mlp.up_proj", "mlp.gate_up_proj")
+    return hf
+
+
+def hf_name_or_none(name: str, cfg: Optional[ArchConfig] = None) -> Optional[str]:
     """The HF name of a GGUF tensor, or None where it has no place (``iter_tensors`` raises for those)."""
     try:
-        return _hf_name(name)
+        return _checkpoint_name(name, cfg)
     except ModelLoadError:
         return None
 
@@ -136,7 +145,7 @@ def iter_tensors(reader: GGUFFile, cfg: ArchConfig, wanted: Callable[[str], bool
                 stack = dequantize(reader.tensor_data(t), t.type_name, t.dims)
                 yield from ((n, stack[e]) for e, n in enumerate(names) if wanted(n))
             continue
-        name = _hf_name(t.name)
+        name = _checkpoint_name(t.name, cfg)
         if not wanted(name):
             continue
         if keep(name, t.type_name, t.dims):

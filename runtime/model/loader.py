@@ -215,7 +215,7 @@ def _held_weights(net: CausalLM, layout: dict[str, tuple[str, int, int]], reader
     linear_weights = {f"{n}.weight" for n, m in net.named_modules() if isinstance(m, (Linear, Embedding))}
     parts: dict[str, list[bool]] = {}
     for t in reader.tensors:
-        name = gguf_weights.hf_name_or_none(t.name)
+        name = gguf_weights.hf_name_or_none(t.name, net.cfg)
         if name is None or not wanted(name) or name not in layout or layout[name][0] not in linear_weights:
             continue
         parts.setdefault(layout[name][0], []).append(method.keeps(t.type_name, t.dims))

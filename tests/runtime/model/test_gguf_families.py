@@ -1,6 +1,6 @@
 """GGUF files of the families beyond Llama/Qwen2/Qwen3, as llama.cpp's converter lays them out (its
 architecture names and metadata keys, each layer's experts stacked in one tensor per projection, the
-shared expert's gate a vector): every parameter loads equal to the safetensors checkpoint's, and greedy
+shared expert's gate a vector, Phi-3's fused q|k|v and gate|up kept fused): every parameter loads equal to the safetensors checkpoint's, and greedy
 generation from either file gives the same tokens."""
 import dataclasses
 
@@ -20,6 +20,7 @@ SHAPES = {
     "qwen2_moe": ("qwen2moe", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=40,
                                    shared_expert_intermediate_size=72, norm_topk_prob=False, decoder_sparse_step=1,
                                    mlp_only_layers=[])),
+    "phi3": ("phi3", dict(pad_token_id=None, tie_word_embeddings=True, sliding_window=20)),  # fused tensors
 }
 _STACKS = {v: k for k, v in gguf_weights._EXPERT_STACKS.items()}
 
@@ -29,6 +30,7 @@ def _gguf_name(hf: str) -> str:
     if hf in inverse:
         return inverse[hf]
     _, _, i, rest = hf.split(".", 3)
+    rest = rest.replace("mlp.gate_up_proj", "mlp.up_proj")  # (Phi-3's ffn_up holds gate|up)
     return f"blk.{i}." + {v: k for k, v in gguf_weights._LAYER_NAMES.items()}[rest]
 
 
@@ -42,10 +44,15 @@ def write_gguf(hf_dir, path, arch, cfg):
                        ("embedding_length", cfg.hidden_size), ("feed_forward_length", cfg.intermediate_size),
                        ("attention.head_count", cfg.num_attention_heads),
                        ("attention.head_count_kv", cfg.num_key_value_heads), ("vocab_size", cfg.vocab_size),
-                       ("attention.key_length", getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads),
-                       ("expert_count", cfg.num_experts), ("expert_used_count", cfg.num_experts_per_tok),
-                       ("expert_feed_forward_length", cfg.moe_intermediate_size)]:
+                       ("attention.key_length",
+                        getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)]:
         writer.add_uint32(f"{arch}.{key}", value)
+    if getattr(cfg, "num_experts", 0):
+        for key, value in [("expert_count", cfg.num_experts), ("expert_used_count", cfg.num_experts_per_tok),
+                           ("expert_feed_forward_length", cfg.moe_intermediate_size)]:
+            writer.add_uint32(f"{arch}.{key}", value)
+    if getattr(cfg, "sliding_window", None):
+        writer.add_uint32(f"{arch}.attention.sliding_window", cfg.sliding_window)
     if getattr(cfg, "shared_expert_intermediate_size", 0):
         writer.add_uint32(f"{arch}.expert_shared_feed_forward_length", cfg.shared_expert_intermediate_size)
     writer.add_float32(f"{arch}.rope.freq_base", 10000.0)
