@@ -136,7 +136,8 @@ def iter_tensors(reader: GGUFFile, cfg: ArchConfig, wanted: Callable[[str], bool
     ``keep(name, type, shape)`` accepts comes as its ``StoredBlocks`` instead, not decoded."""
     for t in reader.tensors:
         if t.type_name not in SUPPORTED_TYPES:
-            raise ModelLoadError(f"GGUF tensor {t.name} has type {t.type_name}; supported: {', '.join(SUPPORTED_TYPES)}")
+            raise ModelLoadError(f"GGUF tensor {t.name} has type {t.type_name}; "
+                                 f"supported: {', '.join(SUPPORTED_TYPES)}")
         m = _BLOCK.match(t.name)
         if m and m.group(2) in _EXPERT_STACKS:  # one checkpoint tensor per expert, decoded
             names = [f"model.layers.{m.group(1)}.mlp.experts.{e}.{_EXPERT_STACKS[m.group(2)]}.weight"

@@ -1,7 +1,7 @@
 """GGUF files of the families beyond Llama/Qwen2/Qwen3, as llama.cpp's converter lays them out (its
 architecture names and metadata keys, each layer's experts stacked in one tensor per projection, the
-shared expert's gate a vector, Phi-3's fused q|k|v and gate|up kept fused): every parameter loads equal to the safetensors checkpoint's, and greedy
-generation from either file gives the same tokens."""
+shared expert's gate a vector, Phi-3's fused q|k|v and gate|up kept fused): every parameter loads equal
+to the safetensors checkpoint's, and greedy generation from either file gives the same tokens."""
 import dataclasses
 
 import numpy as np
