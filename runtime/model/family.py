@@ -53,7 +53,9 @@ def gguf_experts(a: Callable[..., Any], names: set[str], renormalize: bool) -> d
     layers = a("block_count")
     return dict(sparse_layers=tuple(i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" in names),
                 num_experts=a("expert_count"), num_experts_per_tok=a("expert_used_count"),
-                moe_intermediate_size=a("expert_feed_forward_length"), norm_topk_prob=renormalize,
+                # (llama.cpp's Llama-shaped MoE files give the experts' width as the feed-forward length)
+                moe_intermediate_size=a("expert_feed_forward_length") or a("feed_forward_length"),
+                norm_topk_prob=renormalize,
                 shared_expert_intermediate_size=a("expert_shared_feed_forward_length", 0) or 0)
 
 

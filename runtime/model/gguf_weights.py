@@ -32,6 +32,8 @@ _LAYER_NAMES = {
     "attn_v.bias": "self_attn.v_proj.bias",
     "attn_output.weight": "self_attn.o_proj.weight",
     "attn_qkv.weight": "self_attn.qkv_proj.weight",  # (Phi-3's fused q|k|v)
+    "post_attention_norm.weight": "post_attention_layernorm.weight",  # (Gemma's norm of the attention output)
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
     "attn_q_norm.weight": "self_attn.q_norm.weight",
     "attn_k_norm.weight": "self_attn.k_norm.weight",
     "ffn_gate.weight": "mlp.gate_proj.weight",
@@ -70,8 +72,7 @@ def read_config(reader: GGUFFile) -> ArchConfig:
         raise ModelLoadError(f"{reader.path} gives neither {arch}.vocab_size nor a tokenizer vocabulary")
     heads = a("attention.head_count")
     hidden = a("embedding_length")
-    return ArchConfig(
-        **family.gguf_switches(a, names),
+    fields = dict(
         arch=family.name, vocab_size=int(vocab), hidden_size=hidden, intermediate_size=a("feed_forward_length"),
         num_layers=a("block_count"), num_heads=heads, num_kv_heads=a("attention.head_count_kv", heads),
         head_dim=a("attention.key_length", hidden // heads), rms_norm_eps=a("attention.layer_norm_rms_epsilon"),
@@ -79,6 +80,8 @@ def read_config(reader: GGUFFile) -> ArchConfig:
         tie_word_embeddings="output.weight" not in names, attention_bias="blk.0.attn_q.bias" in names,
         qk_norm="blk.0.attn_q_norm.weight" in names, eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id"),
     )
+    fields.update(family.gguf_switches(a, names))  # the family's own reading of the file (runtime.model.models)
+    return ArchConfig(**fields)
 
 
 def _hf_name(name: str) -> str:
@@ -93,10 +96,13 @@ def _hf_name(name: str) -> str:
 
 
 def _checkpoint_name(name: str, cfg: Optional[ArchConfig]) -> str:
-    """``_hf_name``, with Phi-3's ffn_up (gate|up fused, as the decoder holds it) named so."""
+    """``_hf_name``, with Phi-3's ffn_up (gate|up fused, as the decoder holds it) named so, and Gemma's
+    ffn_norm (the norm before its MLP, where Llama's post_attention_layernorm is)."""
     hf = _hf_name(name)
     if cfg is not None and cfg.fused_checkpoint and hf.endswith("mlp.up_proj.weight"):
         return hf.replace("mlp.up_proj", "mlp.gate_up_proj")
+    if cfg is not None and cfg.sandwich_norms and name.endswith(".ffn_norm.weight"):
+        return hf.replace("post_attention_layernorm", "pre_feedforward_layernorm")
     return hf
 
 

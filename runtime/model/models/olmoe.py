@@ -2,7 +2,7 @@
 sparse, top-k routing without renormalisation (unless norm_topk_prob)."""
 from typing import Any
 
-from actorserve.runtime.model.family import Family
+from actorserve.runtime.model.family import Family, gguf_experts
 
 
 def _switches(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -11,6 +11,8 @@ def _switches(cfg: dict[str, Any]) -> dict[str, Any]:
                 moe_intermediate_size=cfg["intermediate_size"], norm_topk_prob=bool(cfg.get("norm_topk_prob")))
 
 
-FAMILY = Family("olmoe", ("OlmoeForCausalLM",), ("olmoe",), (),
+FAMILY = Family("olmoe", ("OlmoeForCausalLM",), ("olmoe",), ("olmoe",),
                 "OLMoE (q and k norms over the whole projection, top-k routing without renormalisation)",
-                switches=_switches)
+                switches=_switches, gguf_switches=lambda a, names: dict(
+                    gguf_experts(a, names, renormalize=False), qk_norm=False, qk_norm_whole=True,
+                    clip_qkv=a("attention.clamp_kqv")))

@@ -21,17 +21,38 @@ SHAPES = {
                                    shared_expert_intermediate_size=72, norm_topk_prob=False, decoder_sparse_step=1,
                                    mlp_only_layers=[])),
     "phi3": ("phi3", dict(pad_token_id=None, tie_word_embeddings=True, sliding_window=20)),  # fused tensors
+    # (query_pre_attn_scalar = head_dim, as in the models llama.cpp serves, which take the scale so)
+    "gemma2": ("gemma2", dict(head_dim=32, sliding_window=10, query_pre_attn_scalar=32, attn_logit_softcapping=1.5,
+                              final_logit_softcapping=3.0, num_hidden_layers=3, tie_word_embeddings=True)),
+    "gemma3": ("gemma3", dict(head_dim=32, sliding_window=9, query_pre_attn_scalar=32, num_hidden_layers=7,
+                              tie_word_embeddings=True)),  # five sliding layers, a global one, a sliding one
+    "olmoe": ("olmoe", dict(num_experts=5, num_experts_per_tok=2, norm_topk_prob=False, clip_qkv=3.0)),
+    "mixtral": ("llama", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None)),  # as llama.cpp
 }
+RENAMES = {  # what llama.cpp calls the checkpoint names the shared tables do not cover
+    "gemma2": {"pre_feedforward_layernorm": "ffn_norm", "post_attention_layernorm": "post_attention_norm"},
+    "gemma3": {"pre_feedforward_layernorm": "ffn_norm", "post_attention_layernorm": "post_attention_norm"},
+    "llama": {"block_sparse_moe.gate": "ffn_gate_inp"},
+}
+EXPERT_PROJ = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}  # Mixtral's names
 _STACKS = {v: k for k, v in gguf_weights._EXPERT_STACKS.items()}
 
 
-def _gguf_name(hf: str) -> str:
+def _gguf_name(hf: str, arch: str) -> str:
     inverse = {v: k for k, v in gguf_weights._GLOBAL_NAMES.items()}
     if hf in inverse:
         return inverse[hf]
     _, _, i, rest = hf.split(".", 3)
+    for ours, theirs in RENAMES.get(arch, {}).items():
+        if rest.startswith(ours + "."):
+            return f"blk.{i}.{theirs}.weight"
     rest = rest.replace("mlp.gate_up_proj", "mlp.up_proj")  # (Phi-3's ffn_up holds gate|up)
     return f"blk.{i}." + {v: k for k, v in gguf_weights._LAYER_NAMES.items()}[rest]
+
+
+def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """What llama.cpp's converter does to Llama q/k rows."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def write_gguf(hf_dir, path, arch, cfg):
@@ -47,24 +68,40 @@ def write_gguf(hf_dir, path, arch, cfg):
                        ("attention.key_length",
                         getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)]:
         writer.add_uint32(f"{arch}.{key}", value)
-    if getattr(cfg, "num_experts", 0):
-        for key, value in [("expert_count", cfg.num_experts), ("expert_used_count", cfg.num_experts_per_tok),
-                           ("expert_feed_forward_length", cfg.moe_intermediate_size)]:
-            writer.add_uint32(f"{arch}.{key}", value)
+    experts = getattr(cfg, "num_experts", 0) or getattr(cfg, "num_local_experts", 0)
+    if experts:
+        writer.add_uint32(f"{arch}.expert_count", experts)
+        writer.add_uint32(f"{arch}.expert_used_count", cfg.num_experts_per_tok)
+    if experts and arch != "llama":  # (llama.cpp's Llama-shaped MoE: the feed-forward length is the experts')
+        writer.add_uint32(f"{arch}.expert_feed_forward_length",
+                          getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size)
     if getattr(cfg, "sliding_window", None):
         writer.add_uint32(f"{arch}.attention.sliding_window", cfg.sliding_window)
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if getattr(cfg, key, None):
+            writer.add_float32(f"{arch}.{key}", getattr(cfg, key))
+    if getattr(cfg, "clip_qkv", None):
+        writer.add_float32(f"{arch}.attention.clamp_kqv", cfg.clip_qkv)
+    rope = getattr(cfg, "rope_parameters", None) or {}
     if getattr(cfg, "shared_expert_intermediate_size", 0):
         writer.add_uint32(f"{arch}.expert_shared_feed_forward_length", cfg.shared_expert_intermediate_size)
-    writer.add_float32(f"{arch}.rope.freq_base", 10000.0)
+    rope = rope.get("full_attention", rope)  # (Gemma 3's global layers')
+    writer.add_float32(f"{arch}.rope.freq_base", float(rope.get("rope_theta", 10000.0)))
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
     experts: dict[tuple[str, str], dict[int, np.ndarray]] = {}
     for name, tensor in state.items():
         w = tensor.numpy().astype(np.float32)
-        if ".mlp.experts." in name:  # model.layers.L.mlp.experts.E.proj.weight: stacked per layer and proj
+        if ".experts." in name:  # model.layers.L.<moe>.experts.E.proj.weight: stacked per layer and proj
             parts = name.split(".")
-            experts.setdefault((parts[2], parts[6]), {})[int(parts[5])] = w
+            experts.setdefault((parts[2], EXPERT_PROJ.get(parts[6], parts[6])), {})[int(parts[5])] = w
             continue
-        writer.add_tensor(_gguf_name(name), w.reshape(-1) if name.endswith("shared_expert_gate.weight") else w)
+        if arch.startswith("gemma") and name.endswith("norm.weight"):
+            w = w + 1  # (llama.cpp's converter stores Gemma's 1 + w)
+        if arch == "llama" and "self_attn.q_proj" in name:
+            w = _permute(w, cfg.num_attention_heads)
+        if arch == "llama" and "self_attn.k_proj" in name:
+            w = _permute(w, cfg.num_key_value_heads)
+        writer.add_tensor(_gguf_name(name, arch), w.reshape(-1) if name.endswith("shared_expert_gate.weight") else w)
     for (layer, proj), by_expert in experts.items():
         writer.add_tensor(f"blk.{layer}.{_STACKS[proj]}", np.stack([by_expert[e] for e in sorted(by_expert)]))
     writer.write_header_to_file()
@@ -83,11 +120,14 @@ def test_a_gguf_file_loads_as_its_checkpoint(family, tmp_path):
     write_gguf(hf_dir, path, arch, transformers.AutoConfig.from_pretrained(hf_dir))
     from_gguf = load_model(str(path), "float32", skip_tokenizer=True)
     from_hf = load_model(str(hf_dir), "float32", skip_tokenizer=True)
-    # (the file keeps eps as float32)
-    assert from_gguf.cfg == dataclasses.replace(from_hf.cfg, rms_norm_eps=from_gguf.cfg.rms_norm_eps)
-    assert from_gguf.cfg.rms_norm_eps == pytest.approx(from_hf.cfg.rms_norm_eps, rel=1e-6)
-    for name in from_hf.model.checkpoint_layout():
-        assert torch.equal(from_gguf.model.checkpoint_tensor(name), from_hf.model.checkpoint_tensor(name)), name
+    if family != "mixtral":  # (llama.cpp's Mixtral is a Llama with experts: its names and family differ)
+        # (the file keeps eps as float32)
+        assert from_gguf.cfg == dataclasses.replace(from_hf.cfg, rms_norm_eps=from_gguf.cfg.rms_norm_eps)
+        assert from_gguf.cfg.rms_norm_eps == pytest.approx(from_hf.cfg.rms_norm_eps, rel=1e-6)
+        for name in from_hf.model.checkpoint_layout():
+            ours, theirs = from_gguf.model.checkpoint_tensor(name), from_hf.model.checkpoint_tensor(name)
+            # (Gemma's norms: the file holds 1 + w, computed in fp32 both ways)
+            assert torch.equal(ours, theirs), name
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     prompt = {"prompt_token_ids": [5, 77, 3, 190, 41, 8, 300, 12]}
     outs = [LLM(str(p), skip_tokenizer_init=True, max_model_len=256, kv_cache_memory=8 << 20).generate(
