@@ -34,6 +34,13 @@ _LAYER_NAMES = {
     "attn_qkv.weight": "self_attn.qkv_proj.weight",  # (Phi-3's fused q|k|v)
     "post_attention_norm.weight": "post_attention_layernorm.weight",  # (Gemma's norm of the attention output)
     "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+    # multi-head latent attention (llama.cpp's deepseek2); its kv_b comes whole, or split in k_b and v_b
+    "attn_q_a.weight": "self_attn.q_a_proj.weight",
+    "attn_q_a_norm.weight": "self_attn.q_a_layernorm.weight",
+    "attn_q_b.weight": "self_attn.q_b_proj.weight",
+    "attn_kv_a_mqa.weight": "self_attn.kv_a_proj_with_mqa.weight",
+    "attn_kv_a_norm.weight": "self_attn.kv_a_layernorm.weight",
+    "attn_kv_b.weight": "self_attn.kv_b_proj.weight",
     "attn_q_norm.weight": "self_attn.q_norm.weight",
     "attn_k_norm.weight": "self_attn.k_norm.weight",
     "ffn_gate.weight": "mlp.gate_proj.weight",
@@ -103,6 +110,8 @@ def _checkpoint_name(name: str, cfg: Optional[ArchConfig]) -> str:
         return hf.replace("mlp.up_proj", "mlp.gate_up_proj")
     if cfg is not None and cfg.sandwich_norms and name.endswith(".ffn_norm.weight"):
         return hf.replace("post_attention_layernorm", "pre_feedforward_layernorm")
+    if cfg is not None and cfg.shared_expert_name != "shared_expert" and ".mlp.shared_expert." in hf:
+        return hf.replace(".mlp.shared_expert.", f".mlp.{cfg.shared_expert_name}.")  # (DeepSeek's plural)
     return hf
 
 
@@ -140,6 +149,7 @@ def iter_tensors(reader: GGUFFile, cfg: ArchConfig, wanted: Callable[[str], bool
                  ) -> Iterator[tuple[str, Union[torch.Tensor, StoredBlocks]]]:
     """HF-named fp32 tensors; ``wanted`` filters by name before anything is dequantized. A tensor that
     ``keep(name, type, shape)`` accepts comes as its ``StoredBlocks`` instead, not decoded."""
+    latent_halves: dict[str, dict[str, torch.Tensor]] = {}  # a layer's attn_k_b / attn_v_b, until both came
     for t in reader.tensors:
         if t.type_name not in SUPPORTED_TYPES:
             raise ModelLoadError(f"GGUF tensor {t.name} has type {t.type_name}; "
@@ -151,6 +161,16 @@ def iter_tensors(reader: GGUFFile, cfg: ArchConfig, wanted: Callable[[str], bool
             if any(wanted(n) for n in names):
                 stack = dequantize(reader.tensor_data(t), t.type_name, t.dims)
                 yield from ((n, stack[e]) for e, n in enumerate(names) if wanted(n))
+            continue
+        if m and m.group(2) in ("attn_k_b.weight", "attn_v_b.weight"):
+            name = f"model.layers.{m.group(1)}.self_attn.kv_b_proj.weight"
+            if wanted(name):
+                halves = latent_halves.setdefault(name, {})
+                halves[m.group(2)[:6]] = dequantize(reader.tensor_data(t), t.type_name, t.dims)
+                if len(halves) == 2:  # k_b [H, rank, nope] and v_b [H, v, rank]: kv_b's rows, head by head
+                    k_b, v_b = halves["attn_k"].transpose(1, 2), halves["attn_v"]
+                    yield name, torch.cat([k_b, v_b], dim=1).reshape(-1, v_b.shape[-1])
+                    del latent_halves[name]
             continue
         name = _checkpoint_name(t.name, cfg)
         if not wanted(name):

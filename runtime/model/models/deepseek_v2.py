@@ -27,6 +27,25 @@ def _switches(cfg: dict[str, Any]) -> dict[str, Any]:
                 shared_expert_name="shared_experts")
 
 
-FAMILY = Family("deepseek_v2", ("DeepseekV2ForCausalLM",), ("deepseek_v2",), (),
+def _gguf_switches(a: Any, names: set[str]) -> dict[str, Any]:
+    """llama.cpp's deepseek2: the latent shapes from its MLA keys, the experts from its expert keys."""
+    rank, rope = a("attention.kv_lora_rank"), a("rope.dimension_count")
+    qk = a("attention.key_length_mla")
+    layers, experts, width = a("block_count"), a("expert_count", 0), a("expert_feed_forward_length")
+    groups = a("expert_group_count", 0) or 0
+    return dict(mla=True, q_lora_rank=a("attention.q_lora_rank", 0) or 0, kv_lora_rank=rank,
+                qk_nope_head_dim=qk - rope, qk_rope_head_dim=rope, v_head_dim=a("attention.value_length_mla"),
+                num_kv_heads=1, head_dim=rank + rope, rotary_dim=rope, rope_interleaved=True, query_scale=qk ** -0.5,
+                sparse_layers=tuple(range(a("leading_dense_block_count", 0), layers)) if experts else (),
+                num_experts=experts, num_experts_per_tok=a("expert_used_count", 0), moe_intermediate_size=width,
+                norm_topk_prob=bool(a("expert_weights_norm", False)),
+                shared_expert_intermediate_size=width * (a("expert_shared_count", 0) or 0),
+                moe_groups=groups if groups > 1 else 0,
+                moe_topk_group=a("expert_group_used_count", 0) if groups > 1 else 0,
+                routed_scaling_factor=float(a("expert_weights_scale", 1.0) or 1.0), shared_expert_gated=False,
+                shared_expert_name="shared_experts")
+
+
+FAMILY = Family("deepseek_v2", ("DeepseekV2ForCausalLM",), ("deepseek_v2",), ("deepseek2",),
                 "DeepSeek-V2 / V2-Lite (multi-head latent attention over a compressed KV cache, shared and routed "
-                "experts; without YaRN rope scaling)", switches=_switches)
+                "experts; without YaRN rope scaling)", switches=_switches, gguf_switches=_gguf_switches)

@@ -28,11 +28,19 @@ SHAPES = {
                               tie_word_embeddings=True)),  # five sliding layers, a global one, a sliding one
     "olmoe": ("olmoe", dict(num_experts=5, num_experts_per_tok=2, norm_topk_prob=False, clip_qkv=3.0)),
     "mixtral": ("llama", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None)),  # as llama.cpp
+    # latent attention with q's low rank, grouped routing, scaled weights; kv_b split in k_b and v_b
+    "deepseek_v2": ("deepseek2", dict(num_hidden_layers=3, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=40,
+                                      qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8,
+                                      num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=2,
+                                      first_k_dense_replace=1, topk_method="group_limited_greedy", n_group=4,
+                                      topk_group=1, routed_scaling_factor=1.5)),
 }
 RENAMES = {  # what llama.cpp calls the checkpoint names the shared tables do not cover
     "gemma2": {"pre_feedforward_layernorm": "ffn_norm", "post_attention_layernorm": "post_attention_norm"},
     "gemma3": {"pre_feedforward_layernorm": "ffn_norm", "post_attention_layernorm": "post_attention_norm"},
     "llama": {"block_sparse_moe.gate": "ffn_gate_inp"},
+    "deepseek2": {"mlp.shared_experts.gate_proj": "ffn_gate_shexp", "mlp.shared_experts.up_proj": "ffn_up_shexp",
+                  "mlp.shared_experts.down_proj": "ffn_down_shexp"},
 }
 EXPERT_PROJ = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}  # Mixtral's names
 _STACKS = {v: k for k, v in gguf_weights._EXPERT_STACKS.items()}
@@ -61,33 +69,43 @@ def write_gguf(hf_dir, path, arch, cfg):
 
     state = load_file(str(hf_dir / "model.safetensors"))
     writer = gguf.GGUFWriter(str(path), arch)
-    for key, value in [("block_count", cfg.num_hidden_layers), ("context_length", cfg.max_position_embeddings),
-                       ("embedding_length", cfg.hidden_size), ("feed_forward_length", cfg.intermediate_size),
-                       ("attention.head_count", cfg.num_attention_heads),
-                       ("attention.head_count_kv", cfg.num_key_value_heads), ("vocab_size", cfg.vocab_size),
-                       ("attention.key_length",
-                        getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)]:
-        writer.add_uint32(f"{arch}.{key}", value)
+    ints = {"block_count": cfg.num_hidden_layers, "context_length": cfg.max_position_embeddings,
+            "embedding_length": cfg.hidden_size, "feed_forward_length": cfg.intermediate_size,
+            "attention.head_count": cfg.num_attention_heads, "attention.head_count_kv": cfg.num_key_value_heads,
+            "vocab_size": cfg.vocab_size,
+            "attention.key_length": getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads}
+    floats = {"attention.layer_norm_rms_epsilon": cfg.rms_norm_eps}
     experts = getattr(cfg, "num_experts", 0) or getattr(cfg, "num_local_experts", 0)
     if experts:
-        writer.add_uint32(f"{arch}.expert_count", experts)
-        writer.add_uint32(f"{arch}.expert_used_count", cfg.num_experts_per_tok)
+        ints.update(expert_count=experts, expert_used_count=cfg.num_experts_per_tok)
     if experts and arch != "llama":  # (llama.cpp's Llama-shaped MoE: the feed-forward length is the experts')
-        writer.add_uint32(f"{arch}.expert_feed_forward_length",
-                          getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size)
+        ints["expert_feed_forward_length"] = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
+    if getattr(cfg, "shared_expert_intermediate_size", 0):
+        ints["expert_shared_feed_forward_length"] = cfg.shared_expert_intermediate_size
     if getattr(cfg, "sliding_window", None):
-        writer.add_uint32(f"{arch}.attention.sliding_window", cfg.sliding_window)
+        ints["attention.sliding_window"] = cfg.sliding_window
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
         if getattr(cfg, key, None):
-            writer.add_float32(f"{arch}.{key}", getattr(cfg, key))
+            floats[key] = getattr(cfg, key)
     if getattr(cfg, "clip_qkv", None):
-        writer.add_float32(f"{arch}.attention.clamp_kqv", cfg.clip_qkv)
+        floats["attention.clamp_kqv"] = cfg.clip_qkv
+    if arch == "deepseek2":  # (llama.cpp's MLA as MQA: one KV head of the latent)
+        rank, nope, rope_dim = cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
+        ints.update({"leading_dense_block_count": cfg.first_k_dense_replace, "attention.kv_lora_rank": rank,
+                     "attention.q_lora_rank": cfg.q_lora_rank, "attention.key_length": rank + rope_dim,
+                     "attention.value_length": rank, "attention.key_length_mla": nope + rope_dim,
+                     "attention.value_length_mla": cfg.v_head_dim, "rope.dimension_count": rope_dim,
+                     "attention.head_count_kv": 1, "expert_count": cfg.n_routed_experts,
+                     "expert_shared_count": cfg.n_shared_experts, "expert_group_count": cfg.n_group,
+                     "expert_group_used_count": cfg.topk_group})
+        floats["expert_weights_scale"] = cfg.routed_scaling_factor
     rope = getattr(cfg, "rope_parameters", None) or {}
-    if getattr(cfg, "shared_expert_intermediate_size", 0):
-        writer.add_uint32(f"{arch}.expert_shared_feed_forward_length", cfg.shared_expert_intermediate_size)
     rope = rope.get("full_attention", rope)  # (Gemma 3's global layers')
-    writer.add_float32(f"{arch}.rope.freq_base", float(rope.get("rope_theta", 10000.0)))
-    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
+    floats["rope.freq_base"] = float(rope.get("rope_theta", 10000.0))
+    for key, value in ints.items():
+        writer.add_uint32(f"{arch}.{key}", value)
+    for key, value in floats.items():
+        writer.add_float32(f"{arch}.{key}", value)
     experts: dict[tuple[str, str], dict[int, np.ndarray]] = {}
     for name, tensor in state.items():
         w = tensor.numpy().astype(np.float32)
@@ -97,6 +115,13 @@ def write_gguf(hf_dir, path, arch, cfg):
             continue
         if arch.startswith("gemma") and name.endswith("norm.weight"):
             w = w + 1  # (llama.cpp's converter stores Gemma's 1 + w)
+        if name.endswith("kv_b_proj.weight"):  # llama.cpp's split: k_b [H, rank, nope] and v_b [H, v, rank]
+            kv_b = w.reshape(cfg.num_attention_heads, cfg.qk_nope_head_dim + cfg.v_head_dim, -1)
+            layer = name.split(".")[2]
+            writer.add_tensor(f"blk.{layer}.attn_k_b.weight",
+                              np.ascontiguousarray(kv_b[:, :cfg.qk_nope_head_dim].transpose(0, 2, 1)))
+            writer.add_tensor(f"blk.{layer}.attn_v_b.weight", np.ascontiguousarray(kv_b[:, cfg.qk_nope_head_dim:]))
+            continue
         if arch == "llama" and "self_attn.q_proj" in name:
             w = _permute(w, cfg.num_attention_heads)
         if arch == "llama" and "self_attn.k_proj" in name:
