@@ -41,6 +41,13 @@ _LAYER_NAMES = {
     "attn_kv_a_mqa.weight": "self_attn.kv_a_proj_with_mqa.weight",
     "attn_kv_a_norm.weight": "self_attn.kv_a_layernorm.weight",
     "attn_kv_b.weight": "self_attn.kv_b_proj.weight",
+    # gated delta nets (llama.cpp's qwen3next); its in_proj_qkvz comes as attn_qkv and attn_gate, reordered
+    "ssm_ba.weight": "linear_attn.in_proj_ba.weight",
+    "ssm_conv1d.weight": "linear_attn.conv1d.weight",
+    "ssm_dt.bias": "linear_attn.dt_bias",
+    "ssm_a": "linear_attn.A_log",
+    "ssm_norm.weight": "linear_attn.norm.weight",
+    "ssm_out.weight": "linear_attn.out_proj.weight",
     "attn_q_norm.weight": "self_attn.q_norm.weight",
     "attn_k_norm.weight": "self_attn.k_norm.weight",
     "ffn_gate.weight": "mlp.gate_proj.weight",
@@ -84,8 +91,11 @@ def read_config(reader: GGUFFile) -> ArchConfig:
         num_layers=a("block_count"), num_heads=heads, num_kv_heads=a("attention.head_count_kv", heads),
         head_dim=a("attention.key_length", hidden // heads), rms_norm_eps=a("attention.layer_norm_rms_epsilon"),
         rope_theta=float(a("rope.freq_base", 10000.0)), max_position_embeddings=a("context_length", 2048),
-        tie_word_embeddings="output.weight" not in names, attention_bias="blk.0.attn_q.bias" in names,
-        qk_norm="blk.0.attn_q_norm.weight" in names, eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id"),
+        tie_word_embeddings="output.weight" not in names,
+        # (any layer's: a hybrid model's first layer may have no softmax attention)
+        attention_bias=any(n.endswith(".attn_q.bias") for n in names),
+        qk_norm=any(n.endswith(".attn_q_norm.weight") for n in names),
+        eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id"),
     )
     fields.update(family.gguf_switches(a, names))  # the family's own reading of the file (runtime.model.models)
     return ArchConfig(**fields)
@@ -150,6 +160,7 @@ def iter_tensors(reader: GGUFFile, cfg: ArchConfig, wanted: Callable[[str], bool
     """HF-named fp32 tensors; ``wanted`` filters by name before anything is dequantized. A tensor that
     ``keep(name, type, shape)`` accepts comes as its ``StoredBlocks`` instead, not decoded."""
     latent_halves: dict[str, dict[str, torch.Tensor]] = {}  # a layer's attn_k_b / attn_v_b, until both came
+    qkvz_halves: dict[str, dict[str, torch.Tensor]] = {}  # a GDN layer's attn_qkv / attn_gate, likewise
     for t in reader.tensors:
         if t.type_name not in SUPPORTED_TYPES:
             raise ModelLoadError(f"GGUF tensor {t.name} has type {t.type_name}; "
@@ -172,6 +183,16 @@ def iter_tensors(reader: GGUFFile, cfg: ArchConfig, wanted: Callable[[str], bool
                     yield name, torch.cat([k_b, v_b], dim=1).reshape(-1, v_b.shape[-1])
                     del latent_halves[name]
             continue
+        if m and cfg.linear_layers and int(m.group(1)) in cfg.linear_layers and \
+                m.group(2) in ("attn_qkv.weight", "attn_gate.weight"):
+            name = f"model.layers.{m.group(1)}.linear_attn.in_proj_qkvz.weight"
+            if wanted(name):
+                halves = qkvz_halves.setdefault(name, {})
+                halves[m.group(2)] = dequantize(reader.tensor_data(t), t.type_name, t.dims)
+                if len(halves) == 2:
+                    yield name, _qkvz(halves["attn_qkv.weight"], halves["attn_gate.weight"], cfg)
+                    del qkvz_halves[name]
+            continue
         name = _checkpoint_name(t.name, cfg)
         if not wanted(name):
             continue
@@ -181,7 +202,23 @@ def iter_tensors(reader: GGUFFile, cfg: ArchConfig, wanted: Callable[[str], bool
             yield name, stored
         else:
             tensor = _llama_rows(name, cfg, dequantize(reader.tensor_data(t), t.type_name, t.dims))
-            yield name, tensor.view(1, -1) if name.endswith("shared_expert_gate.weight") else tensor  # (1-D there)
+            if name.endswith("shared_expert_gate.weight"):  # (1-D there)
+                tensor = tensor.view(1, -1)
+            elif name.endswith("linear_attn.conv1d.weight"):  # (squeezed there)
+                tensor = tensor.view(tensor.shape[0], 1, -1)
+            elif name.endswith("linear_attn.A_log"):  # (llama.cpp stores A = -exp(A_log))
+                tensor = torch.log(-tensor)
+            yield name, tensor
+
+
+def _qkvz(qkv: torch.Tensor, gate: torch.Tensor, cfg: ArchConfig) -> torch.Tensor:
+    """A GDN layer's in_proj_qkvz rows as the checkpoint groups them (each key head's q, k, then its value
+    heads' v and z), from llama.cpp's attn_qkv (all q, all k, all v) and attn_gate (all z)."""
+    hk, dk, hidden = cfg.linear_num_key_heads, cfg.linear_key_head_dim, qkv.shape[-1]
+    per_k = cfg.linear_num_value_heads // hk * cfg.linear_value_head_dim
+    q, k, v = torch.split(qkv, [hk * dk, hk * dk, hk * per_k])
+    parts = [q.view(hk, dk, hidden), k.view(hk, dk, hidden), v.view(hk, per_k, hidden), gate.view(hk, per_k, hidden)]
+    return torch.cat(parts, dim=1).reshape(-1, hidden)
 
 
 def _llama_rows(name: str, cfg: ArchConfig, rows: torch.Tensor) -> torch.Tensor:

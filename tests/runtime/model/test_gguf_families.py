@@ -34,11 +34,18 @@ SHAPES = {
                                       num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=2,
                                       first_k_dense_replace=1, topk_method="group_limited_greedy", n_group=4,
                                       topk_group=1, routed_scaling_factor=1.5)),
+    # three gated delta nets and a gated full-attention layer, experts with a shared one in layers 1 and 3
+    "qwen3_next": ("qwen3next", dict(num_hidden_layers=4, head_dim=32, linear_num_key_heads=2,
+                                     linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8,
+                                     num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                     shared_expert_intermediate_size=48, mlp_only_layers=[0, 2])),
 }
 RENAMES = {  # what llama.cpp calls the checkpoint names the shared tables do not cover
     "gemma2": {"pre_feedforward_layernorm": "ffn_norm", "post_attention_layernorm": "post_attention_norm"},
     "gemma3": {"pre_feedforward_layernorm": "ffn_norm", "post_attention_layernorm": "post_attention_norm"},
     "llama": {"block_sparse_moe.gate": "ffn_gate_inp"},
+    "qwen3next": {"post_attention_layernorm": "post_attention_norm", "linear_attn.in_proj_ba": "ssm_ba",
+                  "linear_attn.norm": "ssm_norm", "linear_attn.out_proj": "ssm_out"},
     "deepseek2": {"mlp.shared_experts.gate_proj": "ffn_gate_shexp", "mlp.shared_experts.up_proj": "ffn_up_shexp",
                   "mlp.shared_experts.down_proj": "ffn_down_shexp"},
 }
@@ -99,6 +106,11 @@ def write_gguf(hf_dir, path, arch, cfg):
                      "expert_shared_count": cfg.n_shared_experts, "expert_group_count": cfg.n_group,
                      "expert_group_used_count": cfg.topk_group})
         floats["expert_weights_scale"] = cfg.routed_scaling_factor
+    if arch == "qwen3next":
+        ints.update({"ssm.conv_kernel": cfg.linear_conv_kernel_dim, "ssm.state_size": cfg.linear_key_head_dim,
+                     "ssm.group_count": cfg.linear_num_key_heads, "ssm.time_step_rank": cfg.linear_num_value_heads,
+                     "ssm.inner_size": cfg.linear_value_head_dim * cfg.linear_num_value_heads,
+                     "full_attention_interval": 4, "rope.dimension_count": cfg.head_dim // 4})
     rope = getattr(cfg, "rope_parameters", None) or {}
     rope = rope.get("full_attention", rope)  # (Gemma 3's global layers')
     floats["rope.freq_base"] = float(rope.get("rope_theta", 10000.0))
@@ -113,8 +125,13 @@ def write_gguf(hf_dir, path, arch, cfg):
             parts = name.split(".")
             experts.setdefault((parts[2], EXPERT_PROJ.get(parts[6], parts[6])), {})[int(parts[5])] = w
             continue
-        if arch.startswith("gemma") and name.endswith("norm.weight"):
-            w = w + 1  # (llama.cpp's converter stores Gemma's 1 + w)
+        if (arch.startswith("gemma") or arch == "qwen3next") and name.endswith("norm.weight") \
+                and not name.endswith("linear_attn.norm.weight"):
+            w = w + 1  # (llama.cpp's converter stores Gemma's and Qwen3-Next's 1 + w)
+        if arch == "qwen3next" and ".linear_attn." in name and not name.endswith(
+                ("in_proj_ba.weight", "norm.weight", "out_proj.weight")):
+            _write_gdn(writer, name, w, cfg)
+            continue
         if name.endswith("kv_b_proj.weight"):  # llama.cpp's split: k_b [H, rank, nope] and v_b [H, v, rank]
             kv_b = w.reshape(cfg.num_attention_heads, cfg.qk_nope_head_dim + cfg.v_head_dim, -1)
             layer = name.split(".")[2]
@@ -135,6 +152,27 @@ def write_gguf(hf_dir, path, arch, cfg):
     writer.close()
 
 
+def _write_gdn(writer, name, w, cfg):
+    """A GDN layer's tensors as llama.cpp's qwen3next converter writes them."""
+    layer = name.split(".")[2]
+    if name.endswith("in_proj_qkvz.weight"):  # per key head [q, k, v, z] -> all q, all k, all v; and all z
+        hk, dk = cfg.linear_num_key_heads, cfg.linear_key_head_dim
+        per_k = cfg.linear_num_value_heads // hk * cfg.linear_value_head_dim
+        grouped = w.reshape(hk, 2 * dk + 2 * per_k, -1)
+        q, k, v, z = np.split(grouped, [dk, 2 * dk, 2 * dk + per_k], axis=1)
+        writer.add_tensor(f"blk.{layer}.attn_qkv.weight",
+                          np.ascontiguousarray(np.concatenate([x.reshape(-1, w.shape[-1]) for x in (q, k, v)])))
+        writer.add_tensor(f"blk.{layer}.attn_gate.weight", np.ascontiguousarray(z.reshape(-1, w.shape[-1])))
+    elif name.endswith("conv1d.weight"):
+        writer.add_tensor(f"blk.{layer}.ssm_conv1d.weight", np.ascontiguousarray(w.squeeze(1)))
+    elif name.endswith("dt_bias"):
+        writer.add_tensor(f"blk.{layer}.ssm_dt.bias", w)
+    elif name.endswith("A_log"):
+        writer.add_tensor(f"blk.{layer}.ssm_a", -np.exp(w))
+    else:
+        raise AssertionError(name)
+
+
 @pytest.mark.parametrize("family", sorted(SHAPES))
 def test_a_gguf_file_loads_as_its_checkpoint(family, tmp_path):
     import transformers
@@ -152,7 +190,10 @@ def test_a_gguf_file_loads_as_its_checkpoint(family, tmp_path):
         for name in from_hf.model.checkpoint_layout():
             ours, theirs = from_gguf.model.checkpoint_tensor(name), from_hf.model.checkpoint_tensor(name)
             # (Gemma's norms: the file holds 1 + w, computed in fp32 both ways)
-            assert torch.equal(ours, theirs), name
+            if name.endswith("A_log"):  # (the file holds -exp(A_log): back through log, to an ulp)
+                torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7)
+            else:
+                assert torch.equal(ours, theirs), name
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     prompt = {"prompt_token_ids": [5, 77, 3, 190, 41, 8, 300, 12]}
     outs = [LLM(str(p), skip_tokenizer_init=True, max_model_len=256, kv_cache_memory=8 << 20).generate(
