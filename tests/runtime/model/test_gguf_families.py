@@ -28,6 +28,7 @@ SHAPES = {
                               tie_word_embeddings=True)),  # five sliding layers, a global one, a sliding one
     "olmoe": ("olmoe", dict(num_experts=5, num_experts_per_tok=2, norm_topk_prob=False, clip_qkv=3.0)),
     "mixtral": ("llama", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None)),  # as llama.cpp
+    "mistral": ("llama", dict(sliding_window=None)),  # (llama.cpp writes Mistral as a Llama, without its window)
     # latent attention with q's low rank, grouped routing, scaled weights; kv_b split in k_b and v_b
     "deepseek_v2": ("deepseek2", dict(num_hidden_layers=3, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=40,
                                       qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8,
@@ -183,7 +184,7 @@ def test_a_gguf_file_loads_as_its_checkpoint(family, tmp_path):
     write_gguf(hf_dir, path, arch, transformers.AutoConfig.from_pretrained(hf_dir))
     from_gguf = load_model(str(path), "float32", skip_tokenizer=True)
     from_hf = load_model(str(hf_dir), "float32", skip_tokenizer=True)
-    if family != "mixtral":  # (llama.cpp's Mixtral is a Llama with experts: its names and family differ)
+    if arch != "llama":  # (llama.cpp's Mistral and Mixtral are Llamas, with experts: the family differs)
         # (the file keeps eps as float32)
         assert from_gguf.cfg == dataclasses.replace(from_hf.cfg, rms_norm_eps=from_gguf.cfg.rms_norm_eps)
         assert from_gguf.cfg.rms_norm_eps == pytest.approx(from_hf.cfg.rms_norm_eps, rel=1e-6)
