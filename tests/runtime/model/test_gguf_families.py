@@ -1,7 +1,9 @@
-"""GGUF files of the families beyond Llama/Qwen2/Qwen3, as llama.cpp's converter lays them out (its
-architecture names and metadata keys, each layer's experts stacked in one tensor per projection, the
-shared expert's gate a vector, Phi-3's fused q|k|v and gate|up kept fused): every parameter loads equal
-to the safetensors checkpoint's, and greedy generation from either file gives the same tokens."""
+"""GGUF files of every family but Llama itself (tests/runtime/model/test_loader.py), as llama.cpp's
+converter lays them out (its architecture names and metadata keys, each layer's experts stacked in one
+tensor per projection, the shared expert's gate a vector, Phi-3's fused q|k|v and gate|up kept fused,
+Gemma's and Qwen3-Next's norms as 1 + w, DeepSeek's kv_b split, Qwen3-Next's GDN tensors regrouped): every
+parameter loads equal to the safetensors checkpoint's, and greedy generation from either file gives the
+same tokens. Mistral and Mixtral are written as llama.cpp writes them, as Llamas."""
 import dataclasses
 
 import numpy as np
@@ -15,6 +17,8 @@ from actorserve.runtime.model.loader import load_model
 from tests.conftest import save_tiny_model
 
 SHAPES = {
+    "qwen2": ("qwen2", dict(tie_word_embeddings=True)),  # (q, k, v biases)
+    "qwen3": ("qwen3", dict(head_dim=32)),  # (q and k norms)
     "qwen3_moe": ("qwen3moe", dict(head_dim=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
                                    norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1])),
     "qwen2_moe": ("qwen2moe", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=40,
