@@ -1,9 +1,10 @@
-"""The GDN layers' decode step on the GPU: one program per (decoding sequence, value head) reads the
-head's recurrent state [Dk, Dv] from the sequence's slot, applies one token of the gated delta rule in
-fp32 and writes the state back, so that a decode step is one launch per layer (the prefill's chunked
-form, ``kernels.linear_attention.gated_delta.chunked``, is torch and runs on any device).
+"""The GDN layers' delta rule on the GPU, over the state cache's slots, one launch per layer a step:
+``recurrent_step`` for the decoding sequences (one token each) and ``recurrent_varlen`` for the prefill
+chunks (each program walks its sequence's tokens with the state [Dk, Dv] of one value head in registers,
+fp32, from the slot, or zeros where the sequence starts, and writes it back at the end).
 
-Reference: ``kernels.linear_attention.gated_delta.recurrent_step`` (same arguments, same results).
+References: ``kernels.linear_attention.gated_delta.recurrent_step`` and ``chunked_varlen`` (same arguments,
+same results up to fp32 summation order).
 """
 from __future__ import annotations
 
@@ -61,4 +62,63 @@ def recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
     return out
 
 
-__all__ = ["recurrent_step"]
+@triton.jit
+def _recurrent_varlen_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, states_ptr, slots_ptr, fresh_ptr, cu_ptr, out_ptr,
+                             num_v_heads, group, dk, dv, scale,
+                             BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr):
+    seq = tl.program_id(0)
+    h = tl.program_id(1)
+    hk = h // group
+    ks = tl.arange(0, BLOCK_K)
+    vs = tl.arange(0, BLOCK_V)
+    k_mask, v_mask = ks < dk, vs < dv
+    mask = k_mask[:, None] & v_mask[None, :]
+    num_k_heads = num_v_heads // group
+    start = tl.load(cu_ptr + seq).to(tl.int64)
+    end = tl.load(cu_ptr + seq + 1).to(tl.int64)
+    slot = tl.load(slots_ptr + seq).to(tl.int64)
+    offsets = (slot * num_v_heads + h) * dk * dv + ks[:, None] * dv + vs[None, :]
+    s = tl.load(states_ptr + offsets, mask=mask, other=0.0)
+    s = tl.where(tl.load(fresh_ptr + seq) != 0, tl.zeros_like(s), s)
+    for t in range(start, end):
+        q = tl.load(q_ptr + (t * num_k_heads + hk) * dk + ks, mask=k_mask, other=0.0).to(tl.float32)
+        k = tl.load(k_ptr + (t * num_k_heads + hk) * dk + ks, mask=k_mask, other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + (t * num_v_heads + h) * dv + vs, mask=v_mask, other=0.0).to(tl.float32)
+        q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * scale
+        k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
+        s = s * tl.exp(tl.load(g_ptr + t * num_v_heads + h).to(tl.float32))
+        delta = (v - tl.sum(s * k[:, None], axis=0)) * tl.load(beta_ptr + t * num_v_heads + h).to(tl.float32)
+        s = s + k[:, None] * delta[None, :]
+        tl.store(out_ptr + (t * num_v_heads + h) * dv + vs, tl.sum(s * q[:, None], axis=0), mask=v_mask)
+    tl.store(states_ptr + offsets, s, mask=mask)
+
+
+def recurrent_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                     cu_seqlens, states: torch.Tensor, slots, fresh) -> torch.Tensor:
+    """As ``kernels.linear_attention.gated_delta.chunked_varlen``: sequence i is rows cu_seqlens[i] ..
+    cu_seqlens[i + 1] of q, k [T, Hk, Dk], v [T, Hv, Dv], g and beta [T, Hv]; its state is row slots[i] of
+    ``states`` (zeros first where fresh[i]), advanced in place. Returns [T, Hv, Dv] fp32."""
+    from actorserve.kernels.linear_attention.gated_delta import normalise_cu_seqlens
+
+    t, hk, dk = q.shape
+    hv, dv = v.shape[1:]
+    offsets = normalise_cu_seqlens(cu_seqlens, t)
+    n = len(offsets) - 1
+    if not len(slots) == len(fresh) == n:
+        raise ValueError(f"{n} sequences, {len(slots)} slots and {len(fresh)} fresh flags")
+    out = torch.empty(t, hv, dv, dtype=torch.float32, device=v.device)
+    if n == 0 or t == 0:
+        return out
+    if states.dtype != torch.float32 or not states.is_contiguous():
+        raise ValueError("recurrent_varlen: the states must be contiguous fp32")
+    device = v.device
+    as_dev = lambda xs, dtype: torch.as_tensor(list(xs), dtype=dtype).to(device)  # noqa: E731
+    _recurrent_varlen_kernel[(n, hv)](q.contiguous(), k.contiguous(), v.contiguous(), g.float().contiguous(),
+                                      beta.float().contiguous(), states, as_dev(slots, torch.int64),
+                                      as_dev([int(bool(f)) for f in fresh], torch.int32),
+                                      as_dev(offsets, torch.int64), out, hv, hv // hk, dk, dv, dk ** -0.5,
+                                      BLOCK_K=triton.next_power_of_2(dk), BLOCK_V=triton.next_power_of_2(dv))
+    return out
+
+
+__all__ = ["recurrent_step", "recurrent_varlen"]

@@ -145,8 +145,10 @@ class GatedDeltaNet(nn.Module):
             kernel = kernels_triton.for_tensor(x, "gated_delta") or gated_delta
             core[:nd] = kernel.recurrent_step(q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], state.recurrent,
                                               step.decode_slots)
-        if t > nd:
-            core[nd:] = gated_delta.chunked_varlen(q[nd:], k[nd:], v[nd:], g[nd:], beta[nd:], offsets,
-                                                   state.recurrent, step.prefill_slots, step.prefill_fresh)
+        if t > nd:  # the prefill chunks: one triton launch on a GPU, the chunked form elsewhere
+            gpu = kernels_triton.for_tensor(x, "gated_delta")
+            varlen = gpu.recurrent_varlen if gpu is not None else gated_delta.chunked_varlen
+            core[nd:] = varlen(q[nd:], k[nd:], v[nd:], g[nd:], beta[nd:], offsets, state.recurrent,
+                               step.prefill_slots, step.prefill_fresh)
         out = self.norm(core.to(x.dtype).reshape(-1, self.dv), z.reshape(-1, self.dv))
         return self.out_proj(out.reshape(t, self.value_dim))

@@ -1,6 +1,7 @@
-"""The GDN decode step's triton kernel against the torch step (and so against the token-by-token
-reference), in the interpreter: grouped value heads, head sizes that are not powers of two, only the
-given slots advanced; and the GDN layer takes it where ``kernels.triton`` offers it."""
+"""The GDN layers' triton kernels against the torch forms (and so against the token-by-token reference), in
+the interpreter: the decode step, and the prefill over several sequences (fresh and continuing, cu_seqlens
+as int32), with grouped value heads, head sizes that are not powers of two, only the given slots advanced;
+and the GDN layer takes them where ``kernels.triton`` offers them."""
 import torch
 
 from actorserve.kernels import triton as kernels_triton
@@ -31,6 +32,22 @@ def test_the_kernel_equals_the_torch_step(device):
     assert torch.equal(states[untouched], expected_states[untouched])
 
 
+def test_the_prefill_kernel_equals_the_chunked_form(device):
+    hk, hv, dk, dv = 2, 4, 20, 12
+    lens = [5, 70, 1, 33]  # (a sequence longer than a chunk of the torch form)
+    q, k, v, g, beta = _inputs(sum(lens), hk, hv, dk, dv, 4)
+    cu = torch.tensor([0, 5, 75, 76, 109], dtype=torch.int32)
+    slots, fresh = [3, 0, 5, 1], [True, False, False, True]
+    states = torch.randn(6, hv, dk, dv, generator=torch.Generator().manual_seed(1)) * 0.3
+    expected_states = states.clone()
+    ref = torch_step.chunked_varlen(q, k, v, g, beta, cu, expected_states, slots, fresh)
+    got_states = states.to(device)
+    got = triton_step.recurrent_varlen(*(a.to(device) for a in (q, k, v, g, beta)), cu, got_states, slots, fresh)
+    torch.testing.assert_close(got.cpu(), ref, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(got_states.cpu(), expected_states, atol=2e-5, rtol=1e-4)
+    assert torch.equal(got_states.cpu()[[2, 4]], states[[2, 4]])  # slots no sequence holds
+
+
 def test_the_gdn_layer_takes_the_kernel_where_offered(monkeypatch, tmp_path, device):
     from actorserve.runtime.model.hf_weights import read_config
     from actorserve.runtime.model.linear_attention import GatedDeltaNet, LinearLayerState, LinearStep
@@ -43,8 +60,8 @@ def test_the_gdn_layer_takes_the_kernel_where_offered(monkeypatch, tmp_path, dev
         torch.nn.init.normal_(p, 0.0, 0.2)
     layer = layer.to(device)
     x = torch.randn(4, cfg.hidden_size, generator=torch.Generator().manual_seed(1)).to(device)
-    step = LinearStep(3, torch.tensor([0, 2, 1], device=device), torch.tensor([False, False, True], device=device),
-                      [0, 1], [3], [True])
+    step = LinearStep(2, torch.tensor([0, 2], device=device), torch.tensor([False, True], device=device),
+                      [0, 1, 2], [3, 1], [True, False])  # two decodes, then a fresh and a continuing prefill
     outs, calls = [], []
     for offered in (False, True):
         def offer(t, module, offered=offered):
