@@ -15,7 +15,9 @@ from torch import nn
 from actorserve.kernels.attention import AttentionBackend
 from actorserve.kernels.gemm import GgufQ8Weight, GgufWeight, PreparedWeight, linear, prepacked
 from actorserve.runtime.model.arch_config import ArchConfig
-from actorserve.runtime.model.layers import Embedding, GatedMLP, Linear, RMSNorm, RotaryEmbedding, apply_rotary, rope_inv_freq
+from actorserve.runtime.model.layers import (Embedding, GatedMLP, Linear, RMSNorm, RotaryEmbedding, apply_rotary,
+                                             rope_inv_freq)
+from actorserve.runtime.model.rope_scaling import rope_attention_factor
 from actorserve.runtime.model.linear_attention import GatedDeltaNet, LinearStep
 from actorserve.runtime.model.mla import MLAttention
 from actorserve.runtime.model.moe import SparseMoE
@@ -271,7 +273,8 @@ class CausalLM(nn.Module):
         dim = cfg.rotary_size
         inv_freq = rope_inv_freq(dim, cfg.rope_theta, cfg.rope_scaling, rope_freq_factors)
         device = next(self.parameters()).device
-        self.rotary = RotaryEmbedding(dim, self.max_positions, inv_freq).to(device)
+        scale = rope_attention_factor(cfg.rope_scaling)  # (YaRN's; 1 for the others)
+        self.rotary = RotaryEmbedding(dim, self.max_positions, inv_freq, scale).to(device)
         if cfg.rope_local_theta is not None:
             local = rope_inv_freq(dim, cfg.rope_local_theta, None, rope_freq_factors)
             self.rotary_local = RotaryEmbedding(dim, self.max_positions, local).to(device)

@@ -86,7 +86,15 @@ def read_config(reader: GGUFFile) -> ArchConfig:
         raise ModelLoadError(f"{reader.path} gives neither {arch}.vocab_size nor a tokenizer vocabulary")
     heads = a("attention.head_count")
     hidden = a("embedding_length")
+    scaling, factor = a("rope.scaling.type"), a("rope.scaling.factor")
+    rope_scaling = None  # (llama3's scaling comes as rope_freqs, per frequency)
+    if scaling == "linear" and factor:
+        rope_scaling = {"rope_type": "linear", "factor": float(factor)}
+    elif scaling == "yarn" and factor:
+        rope_scaling = {"rope_type": "yarn", "factor": float(factor),
+                        "original_max_position_embeddings": a("rope.scaling.original_context_length")}
     fields = dict(
+        rope_scaling=rope_scaling,
         arch=family.name, vocab_size=int(vocab), hidden_size=hidden, intermediate_size=a("feed_forward_length"),
         num_layers=a("block_count"), num_heads=heads, num_kv_heads=a("attention.head_count_kv", heads),
         head_dim=a("attention.key_length", hidden // heads), rms_norm_eps=a("attention.layer_norm_rms_epsilon"),

@@ -16,6 +16,7 @@ from actorserve.kernels.gemm.gguf_q8 import GgufQ8Weight
 from actorserve.kernels.gemm.rows_product import ROWS, RowsProduct
 
 
+
 class Linear(nn.Linear):
     """nn.Linear whose product goes through ``kernels.gemm.linear``. After ``prepack`` a bf16 CPU weight
     is held in oneDNN's blocked layout only, after ``quantize_int8`` as int8 only, after ``hold_blocks``
@@ -135,7 +136,10 @@ class GatedMLP(nn.Module):
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: Optional[dict[str, Any]],
                   freq_factors: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Inverse frequencies of rotary embedding, with llama3 scaling or GGUF per-frequency factors."""
+    """Inverse frequencies of rotary embedding, with llama3, linear or YaRN scaling, or GGUF per-frequency
+    factors."""
+    if scaling is not None and scaling.get("rope_type", scaling.get("type")) == "yarn":
+        return _yarn_inv_freq(head_dim, theta, scaling)
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     if freq_factors is not None:
         inv_freq = inv_freq / freq_factors.float()
@@ -146,7 +150,26 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: Optional[dict[str, Any]]
         return _llama3_inv_freq(inv_freq, scaling)
     if kind == "linear":
         return inv_freq / float(scaling["factor"])
-    raise ValueError(f"unsupported rope scaling {kind!r}; supported: llama3, linear")
+    raise ValueError(f"unsupported rope scaling {kind!r}; supported: llama3, linear, yarn")
+
+
+def _yarn_inv_freq(dim: int, theta: float, s: dict[str, Any]) -> torch.Tensor:
+    """YaRN: interpolated frequencies below the correction range, extrapolated above it, a linear ramp
+    between (transformers' numerics, in fp32)."""
+    factor, old_len = float(s["factor"]), float(s["original_max_position_embeddings"])
+    beta_fast, beta_slow = s.get("beta_fast") or 32, s.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(old_len / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if s.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    pos_freqs = theta ** (torch.arange(0, dim, 2).float() / dim)
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / ((high + 0.001 if low == high else high) - low))
+    extrapolation = 1 - ramp.clamp(0, 1)
+    return (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
@@ -167,14 +190,14 @@ class RotaryEmbedding(nn.Module):
     ``rotate_half(x) * sin`` equals ``roll(x, D/2) * sin_signed`` with the first half of sin negated, so
     applying it costs one roll instead of two slices, a negation and a concatenation (same values)."""
 
-    def __init__(self, head_dim: int, max_positions: int, inv_freq: torch.Tensor) -> None:
+    def __init__(self, head_dim: int, max_positions: int, inv_freq: torch.Tensor, scale: float = 1.0) -> None:
         super().__init__()
         positions = torch.arange(max_positions, dtype=torch.float32)
         freqs = positions[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        sin = emb.sin()
+        sin = emb.sin() * scale  # (YaRN's attention factor scales both tables; 1 elsewhere)
         half = head_dim // 2
-        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("cos", emb.cos() * scale, persistent=False)
         self.register_buffer("sin_signed", torch.cat((-sin[:, :half], sin[:, half:]), dim=-1), persistent=False)
 
     def table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,12 +11,9 @@ def _switches(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _gguf_switches(a: Any, names: set[str]) -> dict[str, Any]:
-    """llama.cpp's Gemma 3: five sliding layers in six with the rotary base 10000 (fixed there), the global
-    layers' base and linear scaling from the file."""
-    scaling = a("rope.scaling.type")
-    rope = {"rope_type": "linear", "factor": float(a("rope.scaling.factor"))} if scaling == "linear" else None
-    return dict(gguf_gemma(a, pattern=6, largest_layers=62), rope_local_theta=float(a("rope.freq_base_swa", 10000.0)),
-                rope_scaling=rope)
+    """llama.cpp's Gemma 3: five sliding layers in six with the rotary base 10000 (fixed there); the global
+    layers' base and scaling are the file's (read for every family)."""
+    return dict(gguf_gemma(a, pattern=6, largest_layers=62), rope_local_theta=float(a("rope.freq_base_swa", 10000.0)))
 
 
 FAMILY = Family("gemma3", ("Gemma3ForCausalLM",), ("gemma3_text",), ("gemma3",),

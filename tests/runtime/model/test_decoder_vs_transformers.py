@@ -13,6 +13,8 @@ FAMILIES = {
     "llama": dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
                   rope_theta=50000.0),
+    "llama-yarn": dict(rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                                        "rope_theta": 10000.0}),
     "qwen2": dict(tie_word_embeddings=True),
     "qwen3": dict(head_dim=32, attention_bias=False),
     "mistral": dict(sliding_window=None),
@@ -51,6 +53,14 @@ FAMILIES = {
                               moe_intermediate_size=32, n_shared_experts=2, first_k_dense_replace=1,
                               topk_method="group_limited_greedy", n_group=4, topk_group=1,
                               routed_scaling_factor=1.5),
+    # DeepSeek-V2-Lite's rope: YaRN with mscale and mscale_all_dim (the softmax scale takes mscale too)
+    "deepseek_v2-yarn": dict(num_hidden_layers=2, num_key_value_heads=4, kv_lora_rank=48, q_lora_rank=None,
+                             qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=24, n_routed_experts=4,
+                             num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+                             first_k_dense_replace=1,
+                             rope_parameters={"rope_type": "yarn", "factor": 40.0, "mscale": 0.707,
+                                              "original_max_position_embeddings": 32, "mscale_all_dim": 0.707,
+                                              "beta_fast": 32, "beta_slow": 1, "rope_theta": 10000.0}),
 }
 PROMPT_LENS = (5, 17, 33, 2, 48)
 DECODE_STEPS = 16

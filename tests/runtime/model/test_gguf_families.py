@@ -33,12 +33,16 @@ SHAPES = {
     "olmoe": ("olmoe", dict(num_experts=5, num_experts_per_tok=2, norm_topk_prob=False, clip_qkv=3.0)),
     "mixtral": ("llama", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None)),  # as llama.cpp
     "mistral": ("llama", dict(sliding_window=None)),  # (llama.cpp writes Mistral as a Llama, without its window)
-    # latent attention with q's low rank, grouped routing, scaled weights; kv_b split in k_b and v_b
+    "llama-yarn": ("llama", dict(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                                                  "original_max_position_embeddings": 16})),  # (YaRN's keys)
+    # latent attention with q's low rank, grouped routing, scaled weights, YaRN; kv_b split in k_b and v_b
     "deepseek_v2": ("deepseek2", dict(num_hidden_layers=3, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=40,
                                       qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8,
                                       num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=2,
                                       first_k_dense_replace=1, topk_method="group_limited_greedy", n_group=4,
-                                      topk_group=1, routed_scaling_factor=1.5)),
+                                      topk_group=1, routed_scaling_factor=1.5, rope_parameters={
+                                          "rope_type": "yarn", "factor": 40.0, "mscale": 0.707, "mscale_all_dim": 0.707,
+                                          "original_max_position_embeddings": 32, "rope_theta": 10000.0})),
     # three gated delta nets and a gated full-attention layer, experts with a shared one in layers 1 and 3
     "qwen3_next": ("qwen3next", dict(num_hidden_layers=4, head_dim=32, linear_num_key_heads=2,
                                      linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8,
@@ -111,6 +115,13 @@ def write_gguf(hf_dir, path, arch, cfg):
                      "expert_shared_count": cfg.n_shared_experts, "expert_group_count": cfg.n_group,
                      "expert_group_used_count": cfg.topk_group})
         floats["expert_weights_scale"] = cfg.routed_scaling_factor
+    yarn = getattr(cfg, "rope_parameters", None) or {}
+    if yarn.get("rope_type") == "yarn":  # (as llama.cpp's converter writes it; DeepSeek's mscale as a log multiplier)
+        writer.add_string(f"{arch}.rope.scaling.type", "yarn")
+        floats["rope.scaling.factor"] = yarn["factor"]
+        ints["rope.scaling.original_context_length"] = yarn["original_max_position_embeddings"]
+        if arch == "deepseek2":
+            floats["rope.scaling.yarn_log_multiplier"] = 0.1 * yarn["mscale_all_dim"]
     if arch == "qwen3next":
         ints.update({"ssm.conv_kernel": cfg.linear_conv_kernel_dim, "ssm.state_size": cfg.linear_key_head_dim,
                      "ssm.group_count": cfg.linear_num_key_heads, "ssm.time_step_rank": cfg.linear_num_value_heads,
@@ -183,15 +194,20 @@ def test_a_gguf_file_loads_as_its_checkpoint(family, tmp_path):
     import transformers
 
     arch, shape = SHAPES[family]
-    hf_dir = save_tiny_model(family, tmp_path / "hf", seed=5, **shape)
+    hf_dir = save_tiny_model(family.split("-")[0], tmp_path / "hf", seed=5, **shape)
     path = tmp_path / f"{family}.gguf"
     write_gguf(hf_dir, path, arch, transformers.AutoConfig.from_pretrained(hf_dir))
     from_gguf = load_model(str(path), "float32", skip_tokenizer=True)
     from_hf = load_model(str(hf_dir), "float32", skip_tokenizer=True)
     if arch != "llama":  # (llama.cpp's Mistral and Mixtral are Llamas, with experts: the family differs)
-        # (the file keeps eps as float32)
-        assert from_gguf.cfg == dataclasses.replace(from_hf.cfg, rms_norm_eps=from_gguf.cfg.rms_norm_eps)
-        assert from_gguf.cfg.rms_norm_eps == pytest.approx(from_hf.cfg.rms_norm_eps, rel=1e-6)
+        # (the file keeps floats as float32: eps, and YaRN's mscales and the scale they give)
+        ours, theirs = from_gguf.cfg, from_hf.cfg
+        assert ours == dataclasses.replace(theirs, rms_norm_eps=ours.rms_norm_eps, query_scale=ours.query_scale,
+                                           rope_scaling=ours.rope_scaling)
+        assert ours.rms_norm_eps == pytest.approx(theirs.rms_norm_eps, rel=1e-6)
+        assert ours.query_scale == (theirs.query_scale and pytest.approx(theirs.query_scale, rel=1e-6))
+        for key, value in (ours.rope_scaling or {}).items():
+            assert value == pytest.approx(theirs.rope_scaling[key], rel=1e-6) if key != "rope_type" else value == "yarn"
         for name in from_hf.model.checkpoint_layout():
             ours, theirs = from_gguf.model.checkpoint_tensor(name), from_hf.model.checkpoint_tensor(name)
             # (Gemma's norms: the file holds 1 + w, computed in fp32 both ways)
