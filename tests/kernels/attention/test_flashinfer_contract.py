@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from actorserve.kernels.attention import AttentionMetadata, SequenceGroup, TorchRefBackend
+from actorserve.kernels.attention import AttentionMetadata, TorchRefBackend
 from actorserve.kernels.attention.flashinfer import FLASHINFER_VERSION, FlashInferBackend
+from tests.kernels.attention.groups import sequence_group
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -91,25 +92,13 @@ class FakeFlashInfer:
     BatchPrefillWithPagedKVCacheWrapper = _Prefill
 
 
-def _group(lens, contexts, tables, start, index_dtype):
-    starts = [0]
-    for n in lens:
-        starts.append(starts[-1] + n)
-    seq = [c + n for c, n in zip(contexts, lens)]
-    width = max(len(t) for t in tables)
-    return SequenceGroup(start, start + starts[-1],
-                         torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=index_dtype),
-                         torch.tensor(seq, dtype=index_dtype), torch.tensor(starts, dtype=index_dtype),
-                         max(lens), max(seq), tuple(lens), tuple(contexts))
-
-
 @pytest.mark.parametrize("window, softcap", [(0, 0.0), (5, 0.0), (3, 0.5)], ids=["plain", "window", "window+cap"])
 @pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
 def test_the_kernels_get_int32_indices_and_contiguous_tensors_and_the_right_pages(index_dtype, window, softcap):
     g = torch.Generator().manual_seed(0)
     kvh, h, d, bs, blocks = 2, 4, 16, 4, 20
-    decode = _group([1, 1, 1], [8, 3, 0], [[4, 9, 2], [7], [11]], 0, index_dtype)
-    prefill = _group([6, 2], [0, 5], [[1, 3], [5, 6]], 3, index_dtype)
+    decode = sequence_group([1, 1, 1], [8, 3, 0], [[4, 9, 2], [7], [11]], 0, index_dtype)
+    prefill = sequence_group([6, 2], [0, 5], [[1, 3], [5, 6]], 3, index_dtype)
     slots = []
     for grp in (decode, prefill):
         for n, c, table in zip(grp.query_lens, grp.context_lens, grp.block_tables.tolist()):
@@ -120,9 +109,9 @@ def test_the_kernels_get_int32_indices_and_contiguous_tensors_and_the_right_page
     ref_cache = torch.randn(2, kvh, blocks, bs, d, generator=g).to(torch.bfloat16)  # cached prefixes: noise
     before = ref_cache.clone()
     ref = TorchRefBackend(kvh, blocks, bs)
-    ref_meta = AttentionMetadata(torch.tensor(slots), _group([1, 1, 1], [8, 3, 0], [[4, 9, 2], [7], [11]], 0,
+    ref_meta = AttentionMetadata(torch.tensor(slots), sequence_group([1, 1, 1], [8, 3, 0], [[4, 9, 2], [7], [11]], 0,
                                                              torch.int64),
-                                 _group([6, 2], [0, 5], [[1, 3], [5, 6]], 3, torch.int64))
+                                 sequence_group([6, 2], [0, 5], [[1, 3], [5, 6]], 3, torch.int64))
     expected = ref.forward(q, k, v, ref_cache[0], ref_cache[1], ref.prepare(ref_meta), d ** -0.5, window, softcap)
 
     backend = FlashInferBackend(kvh, blocks, bs, kernels=FakeFlashInfer())

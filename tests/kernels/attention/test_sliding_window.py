@@ -10,8 +10,9 @@ import math
 import pytest
 import torch
 
-from actorserve.kernels.attention import AttentionMetadata, SequenceGroup, TorchRefBackend
+from actorserve.kernels.attention import AttentionMetadata, TorchRefBackend
 from actorserve.kernels.attention import cpu_decode
+from tests.kernels.attention.groups import sequence_group
 
 KVH, H, D, BS, BLOCKS = 2, 6, 64, 4, 40
 # decodes at positions 13 and 3; a fresh prompt of 6; a chunk of 5 after 10 cached tokens
@@ -21,20 +22,9 @@ CASES = [(0, 0.0), (5, 0.0), (4, 0.0), (3, 2.0), (0, 1.5), (100, 0.0)]
 IDS = ["causal", "window5", "window-of-a-block", "window3+cap", "cap", "window-past-everything"]
 
 
-def _group(lens, contexts, tables, start):
-    q_starts = [0]
-    for n in lens:
-        q_starts.append(q_starts[-1] + n)
-    seq_lens = [c + n for c, n in zip(contexts, lens)]
-    width = max(len(t) for t in tables)
-    return SequenceGroup(start, start + q_starts[-1], torch.tensor([t + [0] * (width - len(t)) for t in tables]),
-                         torch.tensor(seq_lens), torch.tensor(q_starts), max(lens), max(seq_lens), tuple(lens),
-                         tuple(contexts))
-
-
 def _step(dtype, seed=0):
     g = torch.Generator().manual_seed(seed)
-    decode, prefill = _group(*DECODE, 0), _group(*PREFILL, 2)
+    decode, prefill = sequence_group(*DECODE, 0), sequence_group(*PREFILL, 2)
     slots = []
     for grp in (decode, prefill):
         for n, c, table in zip(grp.query_lens, grp.context_lens, grp.block_tables.tolist()):

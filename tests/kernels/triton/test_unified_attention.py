@@ -4,27 +4,17 @@ Llama end to end through the triton backend, its logits against the torch backen
 import pytest
 import torch
 
-from actorserve.kernels.attention import AttentionMetadata, SequenceGroup, TorchRefBackend
+from actorserve.kernels.attention import AttentionMetadata, TorchRefBackend
 from actorserve.kernels.triton.unified_attention import TritonAttentionBackend
-
-
-def _group(lens, contexts, tables, start):
-    q_starts = [0]
-    for n in lens:
-        q_starts.append(q_starts[-1] + n)
-    seq_lens = [c + n for c, n in zip(contexts, lens)]
-    width = max(len(t) for t in tables)
-    return SequenceGroup(start, start + q_starts[-1], torch.tensor([t + [0] * (width - len(t)) for t in tables]),
-                         torch.tensor(seq_lens), torch.tensor(q_starts), max(lens), max(seq_lens), tuple(lens),
-                         tuple(contexts))
+from tests.kernels.attention.groups import sequence_group
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_mixed_step_matches_the_torch_backend(dtype, device):
     g = torch.Generator().manual_seed(0)
     kvh, h, d, bs, blocks = 2, 6, 40, 4, 24
-    decode = _group([1, 1], [9, 2], [[3, 7, 11], [5]], 0)
-    prefill = _group([5, 3], [0, 6], [[1, 2], [8, 9, 10]], 2)
+    decode = sequence_group([1, 1], [9, 2], [[3, 7, 11], [5]], 0)
+    prefill = sequence_group([5, 3], [0, 6], [[1, 2], [8, 9, 10]], 2)
     slots = []
     for grp in (decode, prefill):
         for n, c, table in zip(grp.query_lens, grp.context_lens, grp.block_tables.tolist()):
@@ -75,7 +65,7 @@ def test_a_decode_step_padded_into_static_buffers_gives_the_same_rows(device):
     size with rows that write no KV (slot -1) and attend their own empty sequence."""
     g = torch.Generator().manual_seed(3)
     kvh, h, d, bs, blocks = 2, 4, 32, 4, 16
-    decode = _group([1, 1, 1], [5, 0, 9], [[3, 4], [6], [7, 8, 9]], 0)
+    decode = sequence_group([1, 1, 1], [5, 0, 9], [[3, 4], [6], [7, 8, 9]], 0)
     slots = [4 * 4 + 1, 6 * 4, 9 * 4 + 1]
     backend = TritonAttentionBackend(kvh, blocks, bs)
     plan = backend.prepare(AttentionMetadata(torch.tensor(slots, device=device), decode, None))
