@@ -24,6 +24,12 @@ from actorserve.runtime.model.arch_config import ArchConfig
 from actorserve.runtime.model.layers import Linear
 
 
+def conv_channels(cfg: ArchConfig) -> int:
+    """The convolution's channels: q and k of every key head, v of every value head."""
+    return (2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim
+            + cfg.linear_num_value_heads * cfg.linear_value_head_dim)
+
+
 @dataclass
 class LinearLayerState:
     """One GDN layer's states for every slot: conv [S, conv channels, kernel - 1] in the model's dtype,
@@ -34,18 +40,14 @@ class LinearLayerState:
 
     @classmethod
     def zeros(cls, cfg: ArchConfig, slots: int, dtype: torch.dtype, device: torch.device) -> "LinearLayerState":
-        channels = 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim + \
-            cfg.linear_num_value_heads * cfg.linear_value_head_dim
-        return cls(torch.zeros(slots, channels, cfg.linear_conv_kernel - 1, dtype=dtype, device=device),
+        return cls(torch.zeros(slots, conv_channels(cfg), cfg.linear_conv_kernel - 1, dtype=dtype, device=device),
                    torch.zeros(slots, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
                                cfg.linear_value_head_dim, dtype=torch.float32, device=device))
 
     @staticmethod
     def bytes_per_slot(cfg: ArchConfig, dtype: torch.dtype) -> int:
         elem = torch.empty((), dtype=dtype).element_size()
-        channels = 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim + \
-            cfg.linear_num_value_heads * cfg.linear_value_head_dim
-        return channels * (cfg.linear_conv_kernel - 1) * elem + \
+        return conv_channels(cfg) * (cfg.linear_conv_kernel - 1) * elem + \
             4 * cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim
 
 
@@ -99,7 +101,7 @@ class GatedDeltaNet(nn.Module):
         self.key_dim, self.value_dim = self.hk * self.dk, self.hv * self.dv
         self.in_proj_qkvz = Linear(cfg.hidden_size, 2 * self.key_dim + 2 * self.value_dim, bias=False)
         self.in_proj_ba = Linear(cfg.hidden_size, 2 * self.hv, bias=False)
-        self.conv1d = _Conv(2 * self.key_dim + self.value_dim, cfg.linear_conv_kernel)
+        self.conv1d = _Conv(conv_channels(cfg), cfg.linear_conv_kernel)
         self.dt_bias = nn.Parameter(torch.empty(self.hv))
         self.A_log = nn.Parameter(torch.empty(self.hv))
         self.norm = GatedRMSNorm(self.dv, cfg.rms_norm_eps)

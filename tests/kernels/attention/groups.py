@@ -1,4 +1,4 @@
-"""The attention tests' one way to lay out a step's sequence group from plain lists."""
+"""The attention tests' one way to lay out a step's sequence groups, and their slots, from plain lists."""
 import torch
 
 from actorserve.kernels.attention import SequenceGroup
@@ -16,3 +16,12 @@ def sequence_group(lens, contexts, tables, start, index_dtype=torch.int64) -> Se
                          torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=index_dtype),
                          torch.tensor(seq_lens, dtype=index_dtype), torch.tensor(q_starts, dtype=index_dtype),
                          max(lens), max(seq_lens), tuple(lens), tuple(contexts))
+
+
+def slot_mapping(groups, block_size: int) -> list[int]:
+    """The cache slot of every new token of the groups, in the step's order."""
+    slots = []
+    for grp in groups:
+        for n, c, table in zip(grp.query_lens, grp.context_lens, grp.block_tables.tolist()):
+            slots += [table[p // block_size] * block_size + p % block_size for p in range(c, c + n)]
+    return slots

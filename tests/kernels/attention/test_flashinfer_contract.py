@@ -11,7 +11,7 @@ import torch
 
 from actorserve.kernels.attention import AttentionMetadata, TorchRefBackend
 from actorserve.kernels.attention.flashinfer import FLASHINFER_VERSION, FlashInferBackend
-from tests.kernels.attention.groups import sequence_group
+from tests.kernels.attention.groups import sequence_group, slot_mapping
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -99,10 +99,7 @@ def test_the_kernels_get_int32_indices_and_contiguous_tensors_and_the_right_page
     kvh, h, d, bs, blocks = 2, 4, 16, 4, 20
     decode = sequence_group([1, 1, 1], [8, 3, 0], [[4, 9, 2], [7], [11]], 0, index_dtype)
     prefill = sequence_group([6, 2], [0, 5], [[1, 3], [5, 6]], 3, index_dtype)
-    slots = []
-    for grp in (decode, prefill):
-        for n, c, table in zip(grp.query_lens, grp.context_lens, grp.block_tables.tolist()):
-            slots += [table[p // bs] * bs + p % bs for p in range(c, c + n)]
+    slots = slot_mapping((decode, prefill), bs)
     meta = AttentionMetadata(torch.tensor(slots, dtype=index_dtype), decode, prefill)
     qkv = torch.randn(len(slots), (h + 2 * kvh) * d, generator=g).to(torch.bfloat16)
     q, k, v = (x.view(len(slots), -1, d) for x in qkv.split([h * d, kvh * d, kvh * d], -1))  # strided, as models give

@@ -12,7 +12,7 @@ import torch
 
 from actorserve.kernels.attention import AttentionMetadata, TorchRefBackend
 from actorserve.kernels.attention import cpu_decode
-from tests.kernels.attention.groups import sequence_group
+from tests.kernels.attention.groups import sequence_group, slot_mapping
 
 KVH, H, D, BS, BLOCKS = 2, 6, 64, 4, 40
 # decodes at positions 13 and 3; a fresh prompt of 6; a chunk of 5 after 10 cached tokens
@@ -25,10 +25,7 @@ IDS = ["causal", "window5", "window-of-a-block", "window3+cap", "cap", "window-p
 def _step(dtype, seed=0):
     g = torch.Generator().manual_seed(seed)
     decode, prefill = sequence_group(*DECODE, 0), sequence_group(*PREFILL, 2)
-    slots = []
-    for grp in (decode, prefill):
-        for n, c, table in zip(grp.query_lens, grp.context_lens, grp.block_tables.tolist()):
-            slots += [table[p // BS] * BS + p % BS for p in range(c, c + n)]
+    slots = slot_mapping((decode, prefill), BS)
     meta = AttentionMetadata(torch.tensor(slots), decode, prefill)
     t = len(slots)
     q = torch.randn(t, H, D, generator=g).to(dtype)

@@ -6,7 +6,7 @@ import torch
 
 from actorserve.kernels.attention import AttentionMetadata, TorchRefBackend
 from actorserve.kernels.triton.unified_attention import TritonAttentionBackend
-from tests.kernels.attention.groups import sequence_group
+from tests.kernels.attention.groups import sequence_group, slot_mapping
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -15,10 +15,7 @@ def test_a_mixed_step_matches_the_torch_backend(dtype, device):
     kvh, h, d, bs, blocks = 2, 6, 40, 4, 24
     decode = sequence_group([1, 1], [9, 2], [[3, 7, 11], [5]], 0)
     prefill = sequence_group([5, 3], [0, 6], [[1, 2], [8, 9, 10]], 2)
-    slots = []
-    for grp in (decode, prefill):
-        for n, c, table in zip(grp.query_lens, grp.context_lens, grp.block_tables.tolist()):
-            slots += [table[p // bs] * bs + p % bs for p in range(c, c + n)]
+    slots = slot_mapping((decode, prefill), bs)
     meta = AttentionMetadata(torch.tensor(slots), decode, prefill)
     t = len(slots)
     q = torch.randn(t, h, d, generator=g).to(dtype)
