@@ -28,7 +28,7 @@ _PUBLIC = {
     "RequestOutput": "actorserve.runtime.engine.outputs", "CompletionOutput": "actorserve.runtime.engine.outputs",
     "Logprob": "actorserve.runtime.engine.outputs", "ActorServeError": "actorserve.runtime.errors",
     "EngineDeadError": "actorserve.runtime.errors", "EngineStartError": "actorserve.runtime.errors",
-    "ModelLoadError": "actorserve.runtime.errors",
+    "ModelLoadError": "actorserve.runtime.errors", "EngineSleepingError": "actorserve.runtime.errors",
 }
 __all__ = list(_PUBLIC)
 __version__ = "0.1.0"

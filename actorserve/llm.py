@@ -12,6 +12,8 @@ from actorserve.runtime.config import EngineConfig
 from actorserve.runtime.engine.outputs import RequestOutput
 from actorserve.runtime.engine.sampling_params import SamplingParams
 from actorserve.runtime.background import BackgroundEngine
+from actorserve.runtime.engine.sleep import check_level, check_tags
+from actorserve.runtime.errors import EngineSleepingError
 from actorserve.runtime.inprocess import build_engine
 from actorserve.runtime.logs import setup_logging
 from actorserve.runtime.model.chat_template import render
@@ -52,6 +54,40 @@ class LLM:
         if self._background is not None:
             self._background.close()
             self._background = None
+
+    # -- sleep mode (vLLM's API) ------------------------------------------------------------------------
+    def sleep(self, level: int = 1) -> None:
+        """Give back the KV cache's and the weights' memory until ``wake_up``: level 1 keeps a backing copy
+        of the weights (a file), level 2 discards them and wake-up loads them from the checkpoint again.
+        Needs ``enable_sleep_mode=True``."""
+        check_level(level)
+        if self._background is not None:
+            return self._background.call(self._background.engine.sleep(level))
+        mode = self._sleep_mode()
+        if not mode.sleeping:
+            self.engine.sleep()
+            mode.sleep(level)
+
+    def wake_up(self, tags: Optional[list[str]] = None) -> None:
+        """Restore ``tags`` ("weights", "kv_cache"; None: both); generation works again once both are back."""
+        check_tags(tags)
+        if self._background is not None:
+            return self._background.call(self._background.engine.wake_up(tags))
+        mode = self._sleep_mode()
+        mode.wake_up(tags)
+        if not mode.sleeping:
+            self.engine.wake_up()
+
+    def is_sleeping(self) -> bool:
+        if self._background is not None:
+            return self._background.call(self._background.engine.is_sleeping())
+        return self._sleep_mode().sleeping
+
+    def _sleep_mode(self):
+        mode = self.engine.executor.sleep_mode
+        if mode is None:
+            raise ValueError("sleep mode is off: make the LLM with enable_sleep_mode=True")
+        return mode
 
     def __enter__(self) -> "LLM":
         return self
@@ -99,6 +135,8 @@ class LLM:
         raise ValueError(f"prompt must be a string or a dict with 'prompt' or 'prompt_token_ids', got {prompt!r}")
 
     def _run(self, inputs, params: list[SamplingParams], use_tqdm: bool) -> list[RequestOutput]:
+        if self.engine is not None and self.engine.asleep:  # (nothing would wake it while this call waits)
+            raise EngineSleepingError("the engine is asleep: call wake_up() before generate()")
         if self._background is not None:
             return self._run_background(inputs, params, use_tqdm)
         ids = [f"offline-{next(self._ids)}" for _ in inputs]

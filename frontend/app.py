@@ -11,7 +11,7 @@ import logging
 import uuid
 from typing import Optional
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -22,11 +22,12 @@ from actorserve.frontend.protocol import ChatCompletionRequest, CompletionReques
 from actorserve.frontend.serving import ServingContext, now
 from actorserve.frontend.serving_chat import ChatServing, render_chat
 from actorserve.frontend.serving_completion import CompletionServing
-from actorserve.runtime.errors import EngineDeadError
+from actorserve.runtime.errors import EngineDeadError, EngineSleepingError
 
 log = logging.getLogger("actorserve.frontend")
 
 _WITHOUT_ENGINE = ("/health", "/version")  # answered while the engine starts
+_WITH_KEY = ("/v1", "/sleep", "/wake_up", "/is_sleeping")  # what --api-key guards
 
 
 def build_app(ctx: ServingContext, api_key: Optional[str] = None) -> FastAPI:
@@ -36,7 +37,7 @@ def build_app(ctx: ServingContext, api_key: Optional[str] = None) -> FastAPI:
 
     @app.middleware("http")
     async def auth_and_request_id(request: Request, call_next):
-        if api_key is not None and request.url.path.startswith("/v1"):
+        if api_key is not None and request.url.path.startswith(_WITH_KEY):
             if request.headers.get("authorization") != f"Bearer {api_key}":
                 return JSONResponse(error_body(401, "Invalid or missing API key"), status_code=401)
         request.state.request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
@@ -109,7 +110,34 @@ def build_app(ctx: ServingContext, api_key: Optional[str] = None) -> FastAPI:
     async def version():
         return {"version": actorserve.__version__}
 
+    if ctx.engine.config.runtime.enable_sleep_mode:
+        _sleep_routes(app, ctx)
+
     return app
+
+
+def _sleep_routes(app: FastAPI, ctx: ServingContext) -> None:
+    """vLLM's operator endpoints of sleep mode, served only where the engine was started with it."""
+
+    @app.post("/sleep")
+    async def sleep(level: int = 1):
+        try:
+            await ctx.engine.sleep(level)
+        except ValueError as exc:
+            raise APIError.bad_request(exc) from None
+        return Response(status_code=200)
+
+    @app.post("/wake_up")
+    async def wake_up(tags: Optional[list[str]] = Query(None)):
+        try:
+            await ctx.engine.wake_up(tags)
+        except ValueError as exc:
+            raise APIError.bad_request(exc) from None
+        return Response(status_code=200)
+
+    @app.get("/is_sleeping")
+    async def is_sleeping():
+        return {"is_sleeping": await ctx.engine.is_sleeping()}
 
 
 async def _serve(request: Request, serving, body):
@@ -174,5 +202,6 @@ def _install_errors(app: FastAPI) -> None:
         return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code)
 
     @app.exception_handler(EngineDeadError)
-    async def dead(_: Request, exc: EngineDeadError):
+    @app.exception_handler(EngineSleepingError)
+    async def unavailable(_: Request, exc: Exception):
         return JSONResponse(error_body(503, str(exc)), status_code=503)

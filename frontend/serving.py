@@ -21,7 +21,7 @@ from actorserve.frontend.metrics import FrontendMetrics
 from actorserve.runtime.engine.outputs import Logprob, RequestOutput
 from actorserve.runtime.engine.sampling_params import (RequestLimits, SamplingParams, truncate_prompt,
                                                        verify_prompt_text, verify_request)
-from actorserve.runtime.errors import EngineDeadError
+from actorserve.runtime.errors import EngineDeadError, EngineSleepingError
 from actorserve.runtime.model.tokenizer import encode
 
 log = logging.getLogger("actorserve.frontend")
@@ -164,7 +164,7 @@ class ServingContext:
                 yield out
         except ValueError as exc:
             raise APIError.bad_request(exc) from None
-        except EngineDeadError as exc:
+        except (EngineDeadError, EngineSleepingError) as exc:
             raise APIError(503, str(exc)) from None
         finally:
             if last is not None:

@@ -16,6 +16,7 @@ from actorserve.runtime.client import PromptInput, ZmqClient
 from actorserve.runtime.config import EngineConfig
 from actorserve.runtime.engine.outputs import RequestOutput
 from actorserve.runtime.engine.sampling_params import SamplingParams
+from actorserve.runtime.engine.sleep import check_level, check_tags
 from actorserve.runtime.errors import EngineDeadError, EngineStartError
 from actorserve.runtime.launcher import InProcessEngine, MultiprocessEngine
 from actorserve.runtime.logs import setup_logging
@@ -135,6 +136,30 @@ class AsyncEngine:
         except asyncio.TimeoutError:
             raise EngineDeadError(f"the scheduler did not answer a health ping in "
                                   f"{self.config.runtime.health_timeout} s") from None
+
+    # -- sleep mode (vLLM's API) ------------------------------------------------------------------------
+    async def sleep(self, level: int = 1) -> None:
+        """Give back the KV cache's and the weights' memory (level 1 keeps a backing copy of the weights,
+        level 2 reloads them on wake-up). The step in flight finishes; requests in flight wait, and are
+        computed again after wake-up. Needs enable_sleep_mode."""
+        check_level(level)
+        await self._sleep_call(lambda client: client.sleep(level, self.config.runtime.start_timeout))
+
+    async def wake_up(self, tags: Optional[list[str]] = None) -> None:
+        """Restore ``tags`` ("weights", "kv_cache"; None: both); the engine serves again once both are back."""
+        check_tags(tags)
+        await self._sleep_call(lambda client: client.wake_up(tags, self.config.runtime.start_timeout))
+
+    async def is_sleeping(self) -> bool:
+        return (await self._sleep_call(lambda client: client.sleep_status(self.config.runtime.health_timeout))).sleeping
+
+    async def _sleep_call(self, call):
+        if not self.config.runtime.enable_sleep_mode:
+            raise ValueError("sleep mode is off: start the engine with enable_sleep_mode=True")
+        if self._dead is not None:
+            raise self._dead
+        await self.start()
+        return await call(self._client)
 
     async def close(self) -> None:
         """Abort what is in flight, stop every actor, and wait for the processes (within the deadline)."""

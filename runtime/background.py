@@ -57,6 +57,10 @@ class BackgroundEngine:
             raise failed.exception()  # the error itself, not the cancellation of the others
         return [t.result() for t in tasks]
 
+    def call(self, coro):
+        """Any of the engine's coroutines (sleep, wake_up, is_sleeping), run to its end on its loop."""
+        return self._call(coro)
+
     def close(self) -> None:
         if self._loop.is_closed():
             return

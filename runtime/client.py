@@ -23,10 +23,11 @@ import zmq.asyncio
 
 from actorserve.runtime.engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from actorserve.runtime.engine.sampling_params import SamplingParams
-from actorserve.runtime.errors import EngineDeadError, EngineStartError
+from actorserve.runtime.errors import EngineDeadError, EngineSleepingError, EngineStartError
 from actorserve.runtime.transport.channel import Channel
 from actorserve.runtime.transport.messages import (AbortRequest, AddRequest, ErrorReply, HealthPing, HealthPong,
-                                        RequestOutputDelta, WireSamplingParams)
+                                                   RequestOutputDelta, SleepRequest, SleepStatus, SleepStatusRequest,
+                                                   WakeUpRequest, WireSamplingParams)
 
 PromptInput = Union[str, list[int], dict]
 _HANDSHAKE_FAILED = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -125,10 +126,14 @@ class ZmqClient:
                 queue = self._streams.get(message.request_id)
                 if queue is not None:
                     queue.put_nowait(message)
-            elif isinstance(message, HealthPong):
+            elif isinstance(message, (HealthPong, SleepStatus)):
                 fut = self._pings.pop(message.nonce, None)
                 if fut is not None and not fut.done():
                     fut.set_result(message)
+            elif isinstance(message, ErrorReply) and message.nonce in self._pings:
+                fut = self._pings.pop(message.nonce)
+                if not fut.done():
+                    fut.set_exception(_error(message))
             elif isinstance(message, ErrorReply) and message.request_id in self._streams:
                 self._streams[message.request_id].put_nowait(_error(message))
             elif isinstance(message, ErrorReply) and message.kind == "AuthenticationError":
@@ -193,12 +198,26 @@ class ZmqClient:
 
     async def check_health(self, timeout: float = 5.0) -> HealthPong:
         """A ping through the scheduler's loop: a stuck loop times out (asyncio.TimeoutError)."""
+        return await self._ask(lambda nonce: HealthPing(nonce, api_key=self.api_key), timeout)
+
+    async def sleep(self, level: int = 1, timeout: Optional[float] = None) -> SleepStatus:
+        """Sleep mode: the engine finishes its step, keeps its requests waiting, and releases its memory."""
+        return await self._ask(lambda nonce: SleepRequest(nonce, level, api_key=self.api_key), timeout)
+
+    async def wake_up(self, tags: Optional[list[str]] = None, timeout: Optional[float] = None) -> SleepStatus:
+        return await self._ask(lambda nonce: WakeUpRequest(nonce, tags, api_key=self.api_key), timeout)
+
+    async def sleep_status(self, timeout: Optional[float] = 5.0) -> SleepStatus:
+        return await self._ask(lambda nonce: SleepStatusRequest(nonce, api_key=self.api_key), timeout)
+
+    async def _ask(self, message, timeout: Optional[float]):
+        """A control-plane question by nonce (``message(nonce)``), answered or failed by the server."""
         if self._dead is not None:
             raise self._dead
         nonce = next(self._nonces)
         fut = asyncio.get_running_loop().create_future()
         self._pings[nonce] = fut
-        await self._connect().send(HealthPing(nonce, api_key=self.api_key))
+        await self._connect().send(message(nonce))
         try:
             return await asyncio.wait_for(fut, timeout)
         finally:
@@ -266,4 +285,6 @@ def _error(reply: ErrorReply) -> BaseException:
         return EngineDeadError(reply.message)
     if reply.kind == "AuthenticationError":
         return PermissionError(reply.message)
+    if reply.kind == "EngineSleepingError":
+        return EngineSleepingError(reply.message)
     return RuntimeError(f"{reply.kind}: {reply.message}")

@@ -326,6 +326,10 @@ class RuntimeConfig:
     curve_launcher_key: Optional[str] = option(None, cli=False)
     log_level: str = option(help="DEBUG, INFO, WARNING or ERROR (ACTORSERVE_LOG_LEVEL)",
                             factory=lambda: os.environ.get("ACTORSERVE_LOG_LEVEL", "INFO"))
+    enable_sleep_mode: bool = option(False, "sleep() / wake_up(): give back the weights' and the KV cache's "
+                                            "memory while idle (and serve /sleep, /wake_up, /is_sleeping)")
+    sleep_queue_requests: bool = option(False, "requests that arrive while the engine sleeps wait for wake-up "
+                                               "(default: refused with EngineSleepingError, HTTP 503)")
     disable_log_stats: bool = option(False, "no stats line (throughput, requests, KV cache) every 10 s while busy")
 
     def validate(self) -> None:

@@ -17,3 +17,8 @@ class EngineStartError(EngineDeadError):
     """The engine failed before it was ready (a bad model path, out of memory, a process that died while
     loading). Every caller that was waiting for the start gets it; an engine whose start failed stays
     failed (make a new one to try again)."""
+
+
+class EngineSleepingError(ActorServeError):
+    """The engine is asleep (sleep mode): its weights or KV cache are released until ``wake_up``. A request
+    that arrives meanwhile is refused with this, unless the engine queues them (sleep_queue_requests)."""

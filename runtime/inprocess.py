@@ -18,6 +18,7 @@ from actorserve.runtime.model.draft_proposer import DraftModelProposer
 from actorserve.runtime.model.linear_attention import LinearLayerState
 from actorserve.runtime.model.loader import LoadedModel, load_model, resolve_model_path
 from actorserve.runtime.model.runner import ModelRunner, kv_bytes_per_block
+from actorserve.runtime.model.sleep_mode import SleepMode
 
 log = logging.getLogger("actorserve")
 
@@ -77,9 +78,10 @@ def load_worker(config: EngineConfig, with_tokenizer: bool, pp_rank: int = 0,
     log.info("loading %s (%.1f MiB)%s", path, _size(path) / 2**20,
              f", pipeline stage {pp_rank + 1} of {config.parallel.pipeline_parallel_size}"
              if config.parallel.pipeline_parallel_size > 1 else "")
-    loaded = load_model(m.model, m.dtype, max_positions=max_len, tokenizer=m.tokenizer,
-                        skip_tokenizer=m.skip_tokenizer_init or not with_tokenizer, pp_rank=pp_rank,
-                        pp_size=config.parallel.pipeline_parallel_size, quantization=m.quantization, device=device)
+    load = lambda skip_tokenizer: load_model(  # noqa: E731
+        m.model, m.dtype, max_positions=max_len, tokenizer=m.tokenizer, skip_tokenizer=skip_tokenizer, pp_rank=pp_rank,
+        pp_size=config.parallel.pipeline_parallel_size, quantization=m.quantization, device=device)
+    loaded = load(m.skip_tokenizer_init or not with_tokenizer)
     if max_len is not None and max_len > loaded.cfg.max_position_embeddings:
         raise ValueError(f"max_model_len {max_len} exceeds the model's context length "
                          f"{loaded.cfg.max_position_embeddings}")
@@ -106,6 +108,12 @@ def load_worker(config: EngineConfig, with_tokenizer: bool, pp_rank: int = 0,
                          drafter=drafter, device=device, attention_backend=d.attention_backend,
                          graph_sizes=graph_sizes, num_state_slots=slots)
     runner.capture_graphs()
+    if config.runtime.enable_sleep_mode:
+        def reload() -> list:
+            target = load(True)
+            return [target.model] + ([_load_draft(config, target).model] if draft is not None else [])
+
+        runner.sleep_mode = SleepMode(runner, reload)
     log.info("%s; decode fast path: %s", paths.describe(), "on" if runner.fast_decode is not None else "off")
     log.info("KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB), allocated in %.2f s",
              blocks, config.cache.block_size, blocks * config.cache.block_size,

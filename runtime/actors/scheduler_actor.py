@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import hmac
+import itertools
 import logging
 from typing import Optional
 
@@ -30,12 +31,15 @@ from actorserve.runtime.engine.core import EngineCore, ModelFacts
 from actorserve.runtime.engine.outputs import RequestUpdate
 from actorserve.runtime.engine.sampling_params import SamplingParams, verify_prompt_text
 from actorserve.runtime.engine.stats import StatsLine
+from actorserve.runtime.errors import EngineSleepingError
+from actorserve.runtime.engine.sleep import check_level, check_tags
 from actorserve.runtime.model.tokenizer import encode
 from actorserve.runtime.transport.channel import Channel, Envelope
 from actorserve.runtime.transport.client_security import curve_server
 from actorserve.runtime.transport.messages import (PROTOCOL_VERSION, AbortRequest, AddRequest, ErrorReply, ExecuteBatch,
                                                    HealthPing, HealthPong, RequestOutputDelta, RequestTimings,
-                                                   SampleDelta, Shutdown, StepResult, TokenLogprob, WorkerReady)
+                                                   SampleDelta, Shutdown, SleepRequest, SleepStatus, SleepStatusRequest,
+                                                   StepResult, TokenLogprob, WakeUpRequest, WorkerReady)
 
 log = logging.getLogger("actorserve.scheduler")
 
@@ -63,6 +67,11 @@ class SchedulerActor(Actor):
         self._closed: set[int] = set()  # connections (fds) the monitor saw close and no new one open since
         self._peer_watch: Optional[asyncio.Task] = None
         self._security = None
+        self._sleep_lock = asyncio.Lock()  # one sleep-mode job at a time
+        self._sleep_level: Optional[int] = None
+        self._control_jobs: set[asyncio.Task] = set()
+        self._ring_nonces = itertools.count(1)
+        self._ring_answers: dict[int, asyncio.Future] = {}  # sleep-mode requests round the worker ring
 
     async def on_start(self) -> dict:
         runtime = self.config.runtime
@@ -103,6 +112,7 @@ class SchedulerActor(Actor):
 
     async def on_stop(self) -> None:
         tasks = [t for t in (self._loop_task, self._peer_watch, self._stats_task) if t is not None]
+        tasks += list(self._control_jobs)
         tasks += [job for job, _ in self._tokenizing.values()]
         for task in tasks:
             task.cancel()
@@ -190,6 +200,9 @@ class SchedulerActor(Actor):
             self._admit(rid, message, params, list(message.prompt_token_ids), origin)
         except (ValueError, TypeError) as exc:
             await self.client.send(ErrorReply("ValueError", str(exc), message.request_id), to=origin)
+            return
+        except EngineSleepingError as exc:
+            await self.client.send(ErrorReply("EngineSleepingError", str(exc), message.request_id), to=origin)
             return
         self._remember_peer(envelope)
 
@@ -292,6 +305,88 @@ class SchedulerActor(Actor):
                                           spec.num_draft_tokens, spec.num_accepted_tokens,
                                           list(spec.num_accepted_tokens_per_pos)),
                                to=envelope.origin)
+
+    # -- sleep mode -----------------------------------------------------------------------------------------
+    async def handle_sleep_request(self, message: SleepRequest, envelope: Envelope) -> None:
+        await self._control(message, envelope, self._sleep(message.level))
+
+    async def handle_wake_up_request(self, message: WakeUpRequest, envelope: Envelope) -> None:
+        await self._control(message, envelope, self._wake_up(message.tags))
+
+    async def handle_sleep_status_request(self, message: SleepStatusRequest, envelope: Envelope) -> None:
+        await self._control(message, envelope, self._sleep_status())
+
+    async def _control(self, message, envelope: Envelope, job) -> None:
+        """Run a sleep-mode job off the mailbox (it waits for steps in flight and for the workers, whose
+        answers come through the mailbox), one at a time, and answer the client with its status."""
+        if envelope.via == "workers" or not await self._authorized(message, envelope):
+            job.close()
+            return
+
+        async def run() -> None:
+            async with self._sleep_lock:
+                try:
+                    status = await job
+                except (ValueError, RuntimeError) as exc:
+                    await self.client.send(ErrorReply(type(exc).__name__, str(exc), nonce=message.nonce),
+                                           to=envelope.origin)
+                    return
+            await self.client.send(msgspec.structs.replace(status, nonce=message.nonce), to=envelope.origin)
+
+        self._control_jobs.add(task := asyncio.ensure_future(run()))
+        task.add_done_callback(self._control_jobs.discard)
+
+    async def _sleep(self, level: int) -> SleepStatus:
+        check_level(level)
+        self._require_sleep_mode()
+        if self.core.asleep:
+            return await self._sleep_status()
+        self.core.asleep = True  # no new step; the ones in flight finish
+        while self.core.num_in_flight:
+            await asyncio.sleep(0.001)
+        self.core.sleep()
+        status = await self._ask_workers(SleepRequest(0, level))
+        self._sleep_level = level
+        return status
+
+    async def _wake_up(self, tags: Optional[list[str]]) -> SleepStatus:
+        check_tags(tags)
+        self._require_sleep_mode()
+        if not self.core.asleep:
+            return await self._sleep_status()
+        status = await self._ask_workers(WakeUpRequest(0, tags))
+        if not status.sleeping and status.error is None:
+            self.core.wake_up()
+            self._sleep_level = None
+            self._work.set()
+        return msgspec.structs.replace(status, level=self._sleep_level)
+
+    async def _sleep_status(self) -> SleepStatus:
+        return SleepStatus(0, self.core.asleep, self._sleep_level)
+
+    def _require_sleep_mode(self) -> None:
+        if not self.config.runtime.enable_sleep_mode:
+            raise ValueError("sleep mode is off: start the engine with enable_sleep_mode (--enable-sleep-mode)")
+
+    async def _ask_workers(self, message) -> SleepStatus:
+        nonce = next(self._ring_nonces)
+        fut = self._ring_answers[nonce] = asyncio.get_running_loop().create_future()
+        await self.to_worker.send(msgspec.structs.replace(message, nonce=nonce))
+        try:
+            status = await fut
+        finally:
+            self._ring_answers.pop(nonce, None)
+        if status.error is not None:
+            raise RuntimeError(status.error)
+        return status
+
+    async def handle_sleep_status(self, message: SleepStatus, envelope: Envelope) -> None:
+        if envelope.via != "workers":
+            await self.on_reject(envelope, "sleep_status is taken only from the workers")
+            return
+        fut = self._ring_answers.get(message.nonce)
+        if fut is not None and not fut.done():
+            fut.set_result(message)
 
     async def handle_step_result(self, message: StepResult, envelope: Envelope) -> None:
         if envelope.via != "workers":  # the engine's own traffic, never a client's

@@ -4,7 +4,8 @@ Stage 0 receives ExecuteBatch (and Shutdown) from the scheduler on its ZMQ PULL 
 receives the same messages, with the previous stage's hidden states, over torch.distributed (gloo): a
 receiver thread posts them to the mailbox, so one handler serves both. A stage that is not the last
 fires its output to the next stage and goes on (the sends are retained, never awaited in the step); the
-last stage samples and sends StepResult to the scheduler. The last stage announces WorkerReady.
+last stage samples and sends StepResult to the scheduler. The last stage announces WorkerReady. Sleep mode's
+SleepRequest and WakeUpRequest go round the same ring between steps; the last stage answers SleepStatus.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import logging
 import threading
 from datetime import timedelta
 
+import msgspec
 import zmq.asyncio
 
 from actorserve.runtime.actor import Actor
@@ -20,7 +22,8 @@ from actorserve.runtime.actors.addresses import Addresses
 from actorserve.runtime.config import EngineConfig
 from actorserve.runtime.inprocess import load_worker
 from actorserve.runtime.transport.channel import Channel, Envelope
-from actorserve.runtime.transport.messages import ExecuteBatch, Message, Shutdown, StepResult, WorkerReady
+from actorserve.runtime.transport.messages import (ExecuteBatch, Message, Shutdown, SleepRequest, SleepStatus,
+                                                   StepResult, WakeUpRequest, WorkerReady)
 
 log = logging.getLogger("actorserve.worker")
 
@@ -107,6 +110,43 @@ class WorkerActor(Actor):
             return
         staged = self.staging.stage(result)  # waits first if an earlier send still reads the buffer
         self.sender.isend_tensor_dict({"hidden": staged}, message, retain=(self.staging.buffer,))
+
+    async def handle_sleep_request(self, message: SleepRequest, envelope: Envelope) -> None:
+        """Release this stage's memory (the scheduler sends this only with nothing in flight), add the bytes
+        to the message, and pass it on; the last stage answers the scheduler."""
+        released, error = dict(message.released), message.error
+        if error is None:
+            try:
+                for tag, n in self._sleep_mode().sleep(message.level).items():
+                    released[tag] = released.get(tag, 0) + n
+            except Exception as exc:  # noqa: BLE001 - the operator gets the reason; the stage stays as it is
+                log.exception("%s: sleep failed", self.name)
+                error = f"{self.name}: {type(exc).__name__}: {exc}"
+        passed = msgspec.structs.replace(message, released=released, error=error)
+        await self._pass_on(passed, SleepStatus(message.nonce, True, message.level, released, error))
+
+    async def handle_wake_up_request(self, message: WakeUpRequest, envelope: Envelope) -> None:
+        error = message.error
+        if error is None:
+            try:
+                self._sleep_mode().wake_up(message.tags)
+            except Exception as exc:  # noqa: BLE001 - the stage stays asleep; a later wake_up tries again
+                log.exception("%s: wake-up failed", self.name)
+                error = f"{self.name}: {type(exc).__name__}: {exc}"
+        sleeping = self.runner.sleep_mode is not None and self.runner.sleep_mode.sleeping
+        passed = msgspec.structs.replace(message, error=error)
+        await self._pass_on(passed, SleepStatus(message.nonce, sleeping, error=error))
+
+    def _sleep_mode(self):
+        if self.runner.sleep_mode is None:
+            raise ValueError("the engine was not started with enable_sleep_mode")
+        return self.runner.sleep_mode
+
+    async def _pass_on(self, message, answer: SleepStatus) -> None:
+        if self.is_last:
+            await self.out.send(answer)
+        else:
+            self.sender.isend_tensor_dict({}, message)
 
     def handle_shutdown(self, message: Shutdown, envelope: Envelope) -> None:
         if self.sender is not None:

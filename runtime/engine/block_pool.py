@@ -94,3 +94,9 @@ class BlockPool:
             return
         block.block_hash = block_hash
         self._cached[block_hash] = block
+
+    def reset_cache(self) -> None:
+        """Forget every cached prefix (the blocks' contents are gone); blocks in use keep their owners."""
+        for block in self._cached.values():
+            block.block_hash = None
+        self._cached.clear()

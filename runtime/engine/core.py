@@ -24,6 +24,7 @@ from actorserve.runtime.engine.sampling_params import RequestLimits, SamplingPar
 from actorserve.runtime.engine.scheduler import Scheduler
 from actorserve.runtime.engine.stats import StepTokens
 from actorserve.runtime.engine.structured_outputs import StructuredOutputManager
+from actorserve.runtime.errors import EngineSleepingError
 from actorserve.runtime.model.tokenizer import bad_words_token_ids
 
 log = logging.getLogger("actorserve")
@@ -109,6 +110,20 @@ class EngineCore:
         self._by_seq: dict[str, tuple[_Group, _Sequence]] = {}
         self._arrivals = itertools.count()
         self.step_tokens = StepTokens()
+        self.asleep = False  # sleep mode: nothing is scheduled; the KV cache's contents are gone
+
+    # -- sleep mode ---------------------------------------------------------------------------------------
+    def sleep(self) -> None:
+        """Stop scheduling before the workers release their memory: every running request goes back to
+        the waiting queue (computed again after wake-up, nothing lost), and cached prefixes are forgotten."""
+        if self.num_in_flight:
+            raise RuntimeError("sleep with a step in flight")
+        self.scheduler.preempt_all()
+        self.kv.pool.reset_cache()
+        self.asleep = True
+
+    def wake_up(self) -> None:
+        self.asleep = False
 
     # -- requests -----------------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -116,6 +131,9 @@ class EngineCore:
         """Validate against the model and queue; raises ValueError (naming the field) without side effects."""
         if request_id in self._groups:
             raise ValueError(f"request_id {request_id!r} is already in use")
+        if self.asleep and not self.config.runtime.sleep_queue_requests:
+            raise EngineSleepingError("the engine is asleep (sleep mode): wake it up first, or start it with "
+                                      "sleep_queue_requests to have requests wait")
         truncated = truncate_prompt(prompt_token_ids, params.truncate_prompt_tokens, self.limits.max_model_len)
         if len(truncated) != len(prompt_token_ids):  # the text is then what is left of it
             prompt_token_ids = truncated
@@ -189,7 +207,7 @@ class EngineCore:
 
     def schedule(self) -> Optional[SchedulerOutput]:
         """The next step's batch, or None when there is nothing to run (or all of it is in flight)."""
-        if not self.scheduler.has_unfinished():
+        if self.asleep or not self.scheduler.has_unfinished():
             return None
         batch = self.scheduler.schedule()
         if not batch.chunks:

@@ -131,6 +131,18 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(request)
 
+    def preempt_all(self) -> None:
+        """Every running request back to the head of the waiting queue, its blocks freed, to be computed
+        again when scheduled (sleep mode gives the KV cache's memory back). Nothing may be in flight."""
+        if self._in_flight:
+            raise RuntimeError("preempt_all with a batch in flight")
+        for request in reversed(self.running):
+            self.kv.free(request)
+            request.num_computed_tokens = 0
+            request.status = RequestStatus.PREEMPTED
+            self.waiting.appendleft(request)
+        self.running.clear()
+
     def _admit_waiting(self, scheduled: list[tuple[Request, int, list[int]]], budget: int) -> None:
         skipped: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:

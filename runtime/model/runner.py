@@ -49,7 +49,9 @@ def _zeroed_caches(shape: tuple[int, ...], dtype: torch.dtype, device: torch.dev
     if device.type != "cpu" or nbytes == 0:  # (an empty mapping is an error)
         pool = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(tensors * layers)]
     else:
-        pool = torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8).view(dtype).view(tensors * layers, *shape)
+        # (private: sleep mode gives its pages back with MADV_DONTNEED, which a shared mapping would keep)
+        mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        pool = torch.frombuffer(mapping, dtype=torch.uint8).view(dtype).view(tensors * layers, *shape)
     return [(pool[tensors * i], pool[tensors * i + tensors - 1]) for i in range(layers)]
 
 
@@ -96,18 +98,34 @@ class ModelRunner:
         self.num_state_slots = num_state_slots if any(linear) else 0
         self.kv_caches = [LinearLayerState.zeros(cfg, num_state_slots, dtype, self.device) if is_linear
                           else next(pools) for is_linear in linear]
-        # decode-only steps skip module dispatch where the model's kernels allow (None: every step eager)
-        self.fast_decode = DecodeFastPath.build(model, self.backend) if fast_decode else None
         self.sampler = Sampler(seed, device=self.device)
         self._rows: dict[str, SamplingRow] = {}
         # speculative decoding's draft model (runtime.model.draft_proposer), on the stage that samples
         self.drafter = drafter
+        self._plans = (fast_decode, tuple(graph_sizes))
+        self.build_plans()
+        self.sleep_mode = None  # runtime.model.sleep_mode.SleepMode, where the engine was started with it
+
+    def build_plans(self) -> None:
+        """The step plans that bind the weights' and caches' addresses: the decode fast path, and on CUDA the
+        decode graphs' capture (``capture_graphs``)."""
+        fast_decode, graph_sizes = self._plans
+        # decode-only steps skip module dispatch where the model's kernels allow (None: every step eager)
+        self.fast_decode = DecodeFastPath.build(self.model, self.backend) if fast_decode else None
         # decode steps replayed from CUDA graphs (captured by ``capture_graphs``), where the backend allows
         self.graphs: Optional[DecodeGraphs] = None
+        self._static: Optional[dict[str, Any]] = None
         if (self.device.type == "cuda" and fast_decode and graph_sizes and getattr(self.backend, "capturable", False)
                 and not self.num_state_slots):  # (the GDN layers' host-side bookkeeping is not capturable)
             self.graphs = DecodeGraphs(graph_sizes, self._capture, self._load_static, self._static_output)
-        self._static: Optional[dict[str, Any]] = None
+
+    def drop_plans(self) -> None:
+        """Let go of what ``build_plans`` and ``capture_graphs`` made (sleep mode builds them again)."""
+        self.fast_decode, self.graphs, self._static = None, None, None
+
+    def runners(self) -> list[tuple[str, "ModelRunner"]]:
+        """This runner and its draft model's, by name: what holds weights and KV caches."""
+        return [("", self)] + ([("draft.", self.drafter.runner)] if self.drafter is not None else [])
 
     @property
     def is_last_stage(self) -> bool:

@@ -106,6 +106,7 @@ class ErrorReply(msgspec.Struct, tag="error", frozen=True):
     kind: str
     message: str
     request_id: Optional[str] = None
+    nonce: Optional[int] = None  # the control request (sleep, wake_up) it answers
 
 
 class HealthPing(msgspec.Struct, tag="health_ping", frozen=True):
@@ -128,6 +129,42 @@ class HealthPong(msgspec.Struct, tag="health_pong", frozen=True):
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_pos: list[int] = []
+
+
+class SleepRequest(msgspec.Struct, tag="sleep", frozen=True):
+    """Sleep mode (an operator's call): a client asks the scheduler, which passes it round the worker ring
+    once nothing is in flight; each stage adds the bytes it released to ``released``."""
+
+    nonce: int
+    level: int = 1
+    api_key: Optional[str] = None
+    released: dict[str, int] = {}
+    error: Optional[str] = None  # round the ring: a stage failed, and the later ones only pass it on
+
+
+class WakeUpRequest(msgspec.Struct, tag="wake_up", frozen=True):
+    """Restore the released memory of ``tags`` (weights, kv_cache; None: both), round the same ring."""
+
+    nonce: int
+    tags: Optional[list[str]] = None
+    api_key: Optional[str] = None
+    error: Optional[str] = None  # as SleepRequest's
+
+
+class SleepStatusRequest(msgspec.Struct, tag="is_sleeping", frozen=True):
+    nonce: int
+    api_key: Optional[str] = None
+
+
+class SleepStatus(msgspec.Struct, tag="sleep_status", frozen=True):
+    """The answer to the three above; from the last stage to the scheduler, and from it to the client.
+    ``error``: a stage failed to sleep or wake (the engine stays as that stage left it)."""
+
+    nonce: int
+    sleeping: bool
+    level: Optional[int] = None
+    released: dict[str, int] = {}
+    error: Optional[str] = None
 
 
 class ExecuteBatch(msgspec.Struct, tag="execute_batch", frozen=True):
@@ -157,4 +194,5 @@ class Shutdown(msgspec.Struct, tag="shutdown", frozen=True):
 
 
 Message = Union[AddRequest, AbortRequest, RequestOutputDelta, ErrorReply, HealthPing, HealthPong,
+                SleepRequest, WakeUpRequest, SleepStatusRequest, SleepStatus,
                 ExecuteBatch, StepResult, WorkerReady, Shutdown]

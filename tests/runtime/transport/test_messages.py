@@ -33,6 +33,12 @@ EXAMPLES = [
     m.StepResult(ModelRunnerOutput(5, {}, {}, {"a": PromptLogprobs(1, [-2.0], [4], [[7]], [[-0.5]])})),
     m.WorkerReady(0, 49152, 2, 8192, 100),
     m.Shutdown("test"),
+    m.ErrorReply("ValueError", "sleep level must be 1 or 2", nonce=4),
+    m.SleepRequest(3, 2, released={"weights": 100}),
+    m.WakeUpRequest(4, ["kv_cache"]),
+    m.SleepStatusRequest(5),
+    m.SleepStatus(3, True, 2, {"weights": 100, "kv_cache": 64}),
+    m.SleepStatus(4, True, 1, error="the checkpoint is gone"),
 ]
 
 
