@@ -65,9 +65,11 @@ def _serve_zmq(a: argparse.Namespace) -> int:
 
 
 def _engine_from(a: argparse.Namespace, **extra):
-    from actorserve import AsyncEngine
+    """An AsyncEngine, or data-parallel replicas of one (--data-parallel-size)."""
+    from actorserve.runtime.config import EngineConfig
+    from actorserve.runtime.data_parallel import make_engine
 
-    return AsyncEngine(a.model, **extra, **engine_kwargs(a))
+    return make_engine(EngineConfig.from_engine_args(a.model, **extra, **engine_kwargs(a)))
 
 
 def _serve_http(a: argparse.Namespace) -> int:

@@ -77,11 +77,15 @@ def build_app(ctx: ServingContext, api_key: Optional[str] = None) -> FastAPI:
             await ctx.engine.check_health()
         except EngineDeadError:
             return Response(status_code=503)
+        replicas = ctx.engine.replica_states()
+        if not all(r["alive"] for r in replicas):  # data parallel: the others serve on
+            return JSONResponse({"status": "degraded", "replicas": replicas}, status_code=200)
         return Response(status_code=200)
 
     @app.get("/metrics")
     async def metrics():
         pong = None if ctx.engine.is_dead else await ctx.engine.check_health()
+        ctx.metrics.set_replicas(ctx.engine.replica_states())
         return Response(ctx.metrics.render(pong), media_type="text/plain; version=0.0.4")
 
     @app.post("/tokenize")

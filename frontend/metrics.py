@@ -79,8 +79,15 @@ class FrontendMetrics:
         self.cache_info = Gauge("vllm:cache_config_info", "The KV cache's configuration",
                                 ["block_size", "num_gpu_blocks", "enable_prefix_caching", "cache_dtype", "engine"],
                                 registry=r)
+        self.replica_up = Gauge("actorserve:engine_replica_up", "1 while a data-parallel replica serves, 0 once "
+                                "it died", ["model_name", "engine"], registry=r)
         self._engine = _EngineCollector(model_name)
         r.register(self._engine)
+
+    def set_replicas(self, replicas: list[dict]) -> None:
+        """Each engine replica's state (``replica_states``), labelled by its rank."""
+        for replica in replicas:
+            self.replica_up.labels(self.model_name, str(replica["rank"])).set(1 if replica["alive"] else 0)
 
     def labels(self, metric, *extra):
         return metric.labels(self.model_name, ENGINE, *extra)

@@ -92,6 +92,16 @@ class AsyncEngine:
         return self._dead is not None
 
     @property
+    def death(self) -> Optional[EngineDeadError]:
+        """What ended the engine (its start's failure, a process's death, close); None while it serves."""
+        return self._dead
+
+    def replica_states(self) -> list[dict[str, Any]]:
+        """For /health: this one engine ring, alive or not and why (DataParallelEngine lists several)."""
+        return [{"rank": self.config.parallel.data_parallel_rank, "alive": self._dead is None,
+                 **({"error": str(self._dead)} if self._dead is not None else {})}]
+
+    @property
     def info(self) -> dict:
         """What the scheduler reported at start-up (vocab_size, max_model_len, num_kv_blocks)."""
         return self._backend.info if self._backend is not None else {}

@@ -1,7 +1,7 @@
 """An AsyncEngine on a private event loop in a thread, driven from synchronous code.
 
 Runs in the caller's process. The offline ``LLM`` uses it when the engine needs several processes
-(pipeline parallelism); results come back in input order, and an error in one request cancels the rest.
+(pipeline or data parallelism); results come back in input order, and an error in one request cancels the rest.
 """
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import asyncio
 import threading
 from typing import Callable, Optional
 
-from actorserve.runtime.async_engine import AsyncEngine
 from actorserve.runtime.config import EngineConfig
+from actorserve.runtime.data_parallel import make_engine
 from actorserve.runtime.engine.outputs import RequestOutput
 from actorserve.runtime.engine.sampling_params import SamplingParams
 
@@ -72,5 +72,5 @@ class BackgroundEngine:
         self._loop.close()
 
 
-async def _make(config: EngineConfig) -> AsyncEngine:
-    return AsyncEngine.from_config(config)  # built on the engine's own loop
+async def _make(config: EngineConfig):
+    return make_engine(config)  # built on the engine's own loop

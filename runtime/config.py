@@ -208,9 +208,12 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """Pipeline parallelism: the model's layers split over this many worker processes."""
+    """Pipeline parallelism (the layers split over worker processes) and data parallelism (engine replicas)."""
 
     pipeline_parallel_size: int = option(1, "worker stages, one process each", aliases=("-pp",))
+    data_parallel_size: int = option(1, "engine replicas (a scheduler and its workers each) behind one frontend",
+                                     aliases=("-dp",))
+    data_parallel_rank: int = option(0, cli=False)  # which replica this config is (set by the launcher)
     master_addr: str = option("127.0.0.1", "torch.distributed rendezvous of the worker stages")
     master_port: Optional[int] = option(None, "its port (default: a free one)")
     # Stages on one host must not oversubscribe the cores: spinning OpenMP threads starve the others.
@@ -222,13 +225,19 @@ class ParallelConfig:
             raise ValueError(f"pipeline_parallel_size must be >= 1, got {self.pipeline_parallel_size}")
         if self.threads_per_worker is not None and self.threads_per_worker < 1:
             raise ValueError(f"threads_per_worker must be >= 1, got {self.threads_per_worker}")
+        if self.data_parallel_size < 1:
+            raise ValueError(f"data_parallel_size must be >= 1, got {self.data_parallel_size}")
+        if not 0 <= self.data_parallel_rank < self.data_parallel_size:
+            raise ValueError(f"data_parallel_rank must be in [0, {self.data_parallel_size}), got "
+                             f"{self.data_parallel_rank}")
 
     def worker_threads(self) -> Optional[int]:
         if self.threads_per_worker is not None:
             return self.threads_per_worker
-        if self.pipeline_parallel_size == 1:
+        workers = self.pipeline_parallel_size * self.data_parallel_size
+        if workers == 1:
             return None
-        return max(1, (os.cpu_count() or 1) // self.pipeline_parallel_size)
+        return max(1, (os.cpu_count() or 1) // workers)
 
 
 
@@ -383,6 +392,12 @@ class EngineConfig:
                              "runs beside the stage that verifies its tokens)")
         if self.parallel.pipeline_parallel_size > 1 and self.runtime.mode == "inprocess":
             raise ValueError("pipeline_parallel_size > 1 needs mode='multiprocess' (one process per stage)")
+        if self.parallel.data_parallel_size > 1:
+            if self.runtime.mode == "inprocess":
+                raise ValueError("data_parallel_size > 1 needs mode='multiprocess' (one ring of processes a replica)")
+            if self.runtime.client_address is not None:
+                raise ValueError("the ZMQ client protocol serves one engine ring: serve-zmq and --zmq-address take "
+                                 "data_parallel_size 1 (the HTTP server balances several)")
         if not self.scheduler.enable_chunked_prefill and self.model.max_model_len is not None:
             if self.scheduler.max_num_batched_tokens < self.model.max_model_len:
                 raise ValueError(

@@ -60,11 +60,13 @@ class MultiprocessEngine:
         self.info: dict = {}
 
     async def start(self, on_death: Callable[[str, str], None]) -> None:
+        dp = self.config.parallel.data_parallel_rank
+        suffix = f"-dp{dp}" if dp else ""  # replica 0 keeps the plain names
         for rank in range(self.size):
-            self.supervisor.spawn(ChildSpec(f"worker{rank}", "worker", self.config, self.addresses, rank))
-        self.supervisor.spawn(ChildSpec("scheduler", "scheduler", self.config, self.addresses))
+            self.supervisor.spawn(ChildSpec(f"worker{rank}{suffix}", "worker", self.config, self.addresses, rank))
+        self.supervisor.spawn(ChildSpec(f"scheduler{suffix}", "scheduler", self.config, self.addresses))
         try:
-            self.info = (await self.supervisor.wait_ready(self.config.runtime.start_timeout))["scheduler"]
+            self.info = (await self.supervisor.wait_ready(self.config.runtime.start_timeout))[f"scheduler{suffix}"]
         except BaseException:
             self.supervisor.kill_all()
             raise

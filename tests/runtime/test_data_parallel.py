@@ -1,0 +1,34 @@
+"""Data parallelism from Python: the offline LLM over two replicas, and the settings it refuses."""
+import pytest
+
+from actorserve import LLM, SamplingParams
+from actorserve.runtime.config import EngineConfig
+
+
+def test_llm_over_two_replicas_answers_as_one_engine():
+    prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "2 + 2 ="]
+    greedy = SamplingParams(max_tokens=16, temperature=0)
+    seeded = SamplingParams(max_tokens=16, temperature=1.0, seed=7)
+    one = LLM(max_model_len=1024, kv_cache_memory=64 << 20)
+    expected = [o.outputs[0].token_ids for p in (greedy, seeded) for o in one.generate(prompts, p, use_tqdm=False)]
+    with LLM(max_model_len=1024, kv_cache_memory=64 << 20, data_parallel_size=2) as two:
+        got = [o.outputs[0].token_ids for p in (greedy, seeded) for o in two.generate(prompts, p, use_tqdm=False)]
+        assert sorted(two._background.engine.child_pids()) == ["scheduler", "scheduler-dp1", "worker0", "worker0-dp1"]
+    assert got == expected
+
+
+@pytest.mark.parametrize("args, message", [
+    ({"data_parallel_size": 0}, "data_parallel_size must be >= 1"),
+    ({"data_parallel_size": 2, "mode": "inprocess"}, "needs mode='multiprocess'"),
+    ({"data_parallel_size": 2, "client_address": "tcp://127.0.0.1:5555"}, "ZMQ client protocol serves one"),
+])
+def test_settings_that_cannot_work_are_refused(args, message):
+    with pytest.raises(ValueError, match=message):
+        EngineConfig.from_engine_args(None, **args)
+
+
+def test_the_cores_are_shared_out_over_every_worker():
+    config = EngineConfig.from_engine_args(None, data_parallel_size=2, pipeline_parallel_size=2)
+    import os
+
+    assert config.parallel.worker_threads() == max(1, (os.cpu_count() or 1) // 4)
