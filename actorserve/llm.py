@@ -24,8 +24,8 @@ PromptType = Union[str, dict[str, Any]]
 
 
 class LLM:
-    """With one pipeline stage and one replica the engine runs in this process; otherwise in supervised
-    processes (an AsyncEngine, or data-parallel replicas, on a background loop)."""
+    """With one pipeline stage and one replica the engine runs in this process; otherwise (or on Ray) in
+    supervised processes (an AsyncEngine, or data-parallel replicas, on a background loop)."""
 
     def __init__(self, model: Optional[str] = None, **engine_args: Any) -> None:
         engine_args.setdefault("disable_log_stats", True)  # an offline run has its progress bar (as vLLM)
@@ -34,7 +34,9 @@ class LLM:
         self._ids = itertools.count()
         self.engine = None
         self._background = None
-        if self.config.parallel.pipeline_parallel_size == 1 and self.config.parallel.data_parallel_size == 1:
+        parallel = self.config.parallel
+        if (parallel.pipeline_parallel_size == 1 and parallel.data_parallel_size == 1
+                and parallel.distributed_executor_backend == "mp"):
             self.engine, loaded = build_engine(self.config)
             self._tokenizer = loaded.tokenizer
         else:

@@ -71,8 +71,14 @@ class AsyncEngine:
         await asyncio.shield(self._starting)
 
     async def _launch(self) -> None:
-        inproc = self.config.runtime.mode == "inprocess"
-        backend = InProcessEngine(self.config, self._ctx) if inproc else MultiprocessEngine(self.config, self._ctx)
+        if self.config.runtime.mode == "inprocess":
+            backend = InProcessEngine(self.config, self._ctx)
+        elif self.config.parallel.distributed_executor_backend == "ray":
+            from actorserve.runtime.ray_executor import RayEngine
+
+            backend = RayEngine(self.config, self._ctx)
+        else:
+            backend = MultiprocessEngine(self.config, self._ctx)
         try:
             await backend.start(self._on_death)
         except EngineStartError as exc:

@@ -108,6 +108,7 @@ class CacheConfig:
 
 
 SPEC_METHODS = ("ngram", "draft_model")
+EXECUTOR_BACKENDS = ("mp", "ray")
 
 
 @dataclass(frozen=True)
@@ -214,6 +215,9 @@ class ParallelConfig:
     data_parallel_size: int = option(1, "engine replicas (a scheduler and its workers each) behind one frontend",
                                      aliases=("-dp",))
     data_parallel_rank: int = option(0, cli=False)  # which replica this config is (set by the launcher)
+    distributed_executor_backend: str = option("mp", "mp: the engine's processes on this machine; ray: Ray actors "
+                                                     "in a placement group (a running cluster, or a local one)",
+                                               choices=EXECUTOR_BACKENDS)
     master_addr: str = option("127.0.0.1", "torch.distributed rendezvous of the worker stages")
     master_port: Optional[int] = option(None, "its port (default: a free one)")
     # Stages on one host must not oversubscribe the cores: spinning OpenMP threads starve the others.
@@ -225,6 +229,9 @@ class ParallelConfig:
             raise ValueError(f"pipeline_parallel_size must be >= 1, got {self.pipeline_parallel_size}")
         if self.threads_per_worker is not None and self.threads_per_worker < 1:
             raise ValueError(f"threads_per_worker must be >= 1, got {self.threads_per_worker}")
+        if self.distributed_executor_backend not in EXECUTOR_BACKENDS:
+            raise ValueError(f"distributed_executor_backend must be one of {EXECUTOR_BACKENDS}, got "
+                             f"{self.distributed_executor_backend!r}")
         if self.data_parallel_size < 1:
             raise ValueError(f"data_parallel_size must be >= 1, got {self.data_parallel_size}")
         if not 0 <= self.data_parallel_rank < self.data_parallel_size:
@@ -392,6 +399,8 @@ class EngineConfig:
                              "runs beside the stage that verifies its tokens)")
         if self.parallel.pipeline_parallel_size > 1 and self.runtime.mode == "inprocess":
             raise ValueError("pipeline_parallel_size > 1 needs mode='multiprocess' (one process per stage)")
+        if self.parallel.distributed_executor_backend == "ray" and self.runtime.mode == "inprocess":
+            raise ValueError("distributed_executor_backend='ray' needs mode='multiprocess' (Ray runs the actors)")
         if self.parallel.data_parallel_size > 1:
             if self.runtime.mode == "inprocess":
                 raise ValueError("data_parallel_size > 1 needs mode='multiprocess' (one ring of processes a replica)")
