@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -78,13 +79,15 @@ class ActorHost:
 
         ctx = zmq.asyncio.Context()
         if role == "scheduler":  # its control socket stays on this node: Shutdown comes through ``shutdown``
-            control = "ipc://" + os.path.join(tempfile.mkdtemp(prefix="actorserve-ray-"), "control")
-            self.actor = SchedulerActor(ctx, config, _with_control(addresses, control))
+            folder = tempfile.mkdtemp(prefix="actorserve-ray-")
+            self.actor = SchedulerActor(ctx, config, _with_control(addresses, "ipc://" + folder + "/control"))
         else:
-            self.actor = WorkerActor(ctx, config, addresses, rank)
+            folder, self.actor = None, WorkerActor(ctx, config, addresses, rank)
         loop = asyncio.get_running_loop()
         ready = loop.create_future()
         self.task = asyncio.ensure_future(self.actor.run(lambda info: ready.done() or ready.set_result(info)))
+        if folder is not None:
+            self.task.add_done_callback(lambda _: shutil.rmtree(folder, ignore_errors=True))
         self.task.add_done_callback(lambda t: ready.done() or ready.set_exception(
             EngineStartError(f"{self.name}: {t.exception()!r}" if not t.cancelled() and t.exception()
                              else f"{self.name} stopped while starting")))
@@ -143,7 +146,7 @@ class RayEngine:
         ray = _ray()
         if not ray.is_initialized():
             # no address: RAY_ADDRESS, else the cluster `ray start` left on this machine, else a new local one
-            ray.init(include_dashboard=False, log_to_driver=False, runtime_env=_runtime_env())
+            ray.init(include_dashboard=False, runtime_env=_runtime_env())
         try:
             await self._place(ray)
             await self._start_actors(ray)

@@ -1,8 +1,9 @@
 """SchedulerActor: runs in the scheduler process and owns all request state.
 
-Receives AddRequest / AbortRequest / HealthPing from clients on its ROUTER socket, WorkerReady /
-StepResult from the last worker stage on its PULL inbox, and Shutdown from the launcher alone, on a
-control socket in the launcher's private folder. Sends ExecuteBatch to the first stage,
+Receives AddRequest / AbortRequest / HealthPing (and sleep mode's SleepRequest / WakeUpRequest /
+SleepStatusRequest) from clients on its ROUTER socket, WorkerReady / StepResult / SleepStatus from the
+last worker stage on its PULL inbox, and Shutdown from the launcher alone, on a control socket in the
+launcher's private folder. Sends ExecuteBatch to the first stage,
 RequestOutputDelta, HealthPong and ErrorReply back to the client that asked. Up to
 pipeline_parallel_size steps are in flight (one per stage); requests are admitted and aborted between.
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import hmac
-import itertools
 import logging
 from typing import Optional
 
@@ -26,20 +26,21 @@ import zmq.asyncio
 
 from actorserve.runtime.actor import Actor
 from actorserve.runtime.actors.addresses import Addresses
+from actorserve.runtime.actors.sleep_control import SleepControl
 from actorserve.runtime.config import EngineConfig
 from actorserve.runtime.engine.core import EngineCore, ModelFacts
 from actorserve.runtime.engine.outputs import RequestUpdate
 from actorserve.runtime.engine.sampling_params import SamplingParams, verify_prompt_text
 from actorserve.runtime.engine.stats import StatsLine
 from actorserve.runtime.errors import EngineSleepingError
-from actorserve.runtime.engine.sleep import check_level, check_tags
 from actorserve.runtime.model.tokenizer import encode
 from actorserve.runtime.transport.channel import Channel, Envelope
 from actorserve.runtime.transport.client_security import curve_server
 from actorserve.runtime.transport.messages import (PROTOCOL_VERSION, AbortRequest, AddRequest, ErrorReply, ExecuteBatch,
                                                    HealthPing, HealthPong, RequestOutputDelta, RequestTimings,
-                                                   SampleDelta, Shutdown, SleepRequest, SleepStatus, SleepStatusRequest,
-                                                   StepResult, TokenLogprob, WakeUpRequest, WorkerReady)
+                                                   SampleDelta, Shutdown, SleepRequest, SleepStatus,
+                                                   SleepStatusRequest, StepResult, TokenLogprob, WakeUpRequest,
+                                                   WorkerReady)
 
 log = logging.getLogger("actorserve.scheduler")
 
@@ -67,11 +68,8 @@ class SchedulerActor(Actor):
         self._closed: set[int] = set()  # connections (fds) the monitor saw close and no new one open since
         self._peer_watch: Optional[asyncio.Task] = None
         self._security = None
-        self._sleep_lock = asyncio.Lock()  # one sleep-mode job at a time
-        self._sleep_level: Optional[int] = None
-        self._control_jobs: set[asyncio.Task] = set()
-        self._ring_nonces = itertools.count(1)
-        self._ring_answers: dict[int, asyncio.Future] = {}  # sleep-mode requests round the worker ring
+        self.sleep_control: Optional[SleepControl] = None
+        self._control_jobs: set[asyncio.Task] = set()  # sleep-mode jobs (SleepControl's), off the mailbox
 
     async def on_start(self) -> dict:
         runtime = self.config.runtime
@@ -103,6 +101,7 @@ class SchedulerActor(Actor):
         facts = ModelFacts(ready.vocab_size, eos if eos is not None else ready.eos_token_id, ready.max_model_len,
                            ready.num_kv_blocks, ready.sliding_window, ready.num_state_slots)
         self.core = EngineCore(self.config, None, facts, self.tokenizer)
+        self.sleep_control = SleepControl(self.config, self.core, self.to_worker.send, self._work)
         self.channel(inbox, listen=True)
         self._loop_task = asyncio.ensure_future(self._engine_loop())
         if not self.config.runtime.disable_log_stats:
@@ -308,13 +307,13 @@ class SchedulerActor(Actor):
 
     # -- sleep mode -----------------------------------------------------------------------------------------
     async def handle_sleep_request(self, message: SleepRequest, envelope: Envelope) -> None:
-        await self._control(message, envelope, self._sleep(message.level))
+        await self._control(message, envelope, self.sleep_control.sleep(message.level))
 
     async def handle_wake_up_request(self, message: WakeUpRequest, envelope: Envelope) -> None:
-        await self._control(message, envelope, self._wake_up(message.tags))
+        await self._control(message, envelope, self.sleep_control.wake_up(message.tags))
 
     async def handle_sleep_status_request(self, message: SleepStatusRequest, envelope: Envelope) -> None:
-        await self._control(message, envelope, self._sleep_status())
+        await self._control(message, envelope, self.sleep_control.status())
 
     async def _control(self, message, envelope: Envelope, job) -> None:
         """Run a sleep-mode job off the mailbox (it waits for steps in flight and for the workers, whose
@@ -324,7 +323,7 @@ class SchedulerActor(Actor):
             return
 
         async def run() -> None:
-            async with self._sleep_lock:
+            async with self.sleep_control.lock:
                 try:
                     status = await job
                 except (ValueError, RuntimeError) as exc:
@@ -336,57 +335,11 @@ class SchedulerActor(Actor):
         self._control_jobs.add(task := asyncio.ensure_future(run()))
         task.add_done_callback(self._control_jobs.discard)
 
-    async def _sleep(self, level: int) -> SleepStatus:
-        check_level(level)
-        self._require_sleep_mode()
-        if self.core.asleep:
-            return await self._sleep_status()
-        self.core.asleep = True  # no new step; the ones in flight finish
-        while self.core.num_in_flight:
-            await asyncio.sleep(0.001)
-        self.core.sleep()
-        status = await self._ask_workers(SleepRequest(0, level))
-        self._sleep_level = level
-        return status
-
-    async def _wake_up(self, tags: Optional[list[str]]) -> SleepStatus:
-        check_tags(tags)
-        self._require_sleep_mode()
-        if not self.core.asleep:
-            return await self._sleep_status()
-        status = await self._ask_workers(WakeUpRequest(0, tags))
-        if not status.sleeping and status.error is None:
-            self.core.wake_up()
-            self._sleep_level = None
-            self._work.set()
-        return msgspec.structs.replace(status, level=self._sleep_level)
-
-    async def _sleep_status(self) -> SleepStatus:
-        return SleepStatus(0, self.core.asleep, self._sleep_level)
-
-    def _require_sleep_mode(self) -> None:
-        if not self.config.runtime.enable_sleep_mode:
-            raise ValueError("sleep mode is off: start the engine with enable_sleep_mode (--enable-sleep-mode)")
-
-    async def _ask_workers(self, message) -> SleepStatus:
-        nonce = next(self._ring_nonces)
-        fut = self._ring_answers[nonce] = asyncio.get_running_loop().create_future()
-        await self.to_worker.send(msgspec.structs.replace(message, nonce=nonce))
-        try:
-            status = await fut
-        finally:
-            self._ring_answers.pop(nonce, None)
-        if status.error is not None:
-            raise RuntimeError(status.error)
-        return status
-
     async def handle_sleep_status(self, message: SleepStatus, envelope: Envelope) -> None:
         if envelope.via != "workers":
             await self.on_reject(envelope, "sleep_status is taken only from the workers")
             return
-        fut = self._ring_answers.get(message.nonce)
-        if fut is not None and not fut.done():
-            fut.set_result(message)
+        self.sleep_control.answer(message)
 
     async def handle_step_result(self, message: StepResult, envelope: Envelope) -> None:
         if envelope.via != "workers":  # the engine's own traffic, never a client's

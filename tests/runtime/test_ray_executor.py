@@ -125,3 +125,23 @@ def test_start_failures_are_clear_and_free_the_cluster(cluster):
     assert "could not place" in asyncio.run(start(model=None, threads_per_worker=3, start_timeout=2))
     assert "no-such-model.gguf" in asyncio.run(start(model="/nonexistent/no-such-model.gguf"))
     assert _free_cpus() == 2.0
+
+
+def test_data_parallel_replicas_on_ray(cluster, reference):
+    """Two replicas, a placement group of one CPU each."""
+    from actorserve.runtime.config import EngineConfig
+    from actorserve.runtime.data_parallel import DataParallelEngine
+
+    async def run() -> list[str]:
+        async with DataParallelEngine(EngineConfig.from_engine_args(None, **ARGS, data_parallel_size=2)) as engine:
+            assert _free_cpus() == 0.0
+            return [await _text_on(engine, rank) for rank in (0, 1)]
+
+    async def _text_on(engine, rank: int) -> str:
+        last = None
+        async for out in engine.generate(PROMPT, GREEDY, data_parallel_rank=rank):
+            last = out
+        return last.outputs[0].text
+
+    assert asyncio.run(run()) == [reference, reference]
+    assert _free_cpus() == 2.0
