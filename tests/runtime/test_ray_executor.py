@@ -145,3 +145,14 @@ def test_data_parallel_replicas_on_ray(cluster, reference):
 
     assert asyncio.run(run()) == [reference, reference]
     assert _free_cpus() == 2.0
+
+
+def test_sleep_mode_on_ray(cluster, reference):
+    async def run() -> str:
+        async with AsyncEngine(None, **ARGS, enable_sleep_mode=True) as engine:
+            await engine.sleep(2)
+            assert await engine.is_sleeping()
+            await engine.wake_up()
+            return await _text(engine)
+
+    assert asyncio.run(run()) == reference
