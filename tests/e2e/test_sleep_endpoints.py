@@ -58,9 +58,9 @@ def test_sleep_refuse_wake_and_answer_the_same(sleepy):
 
 
 def test_a_request_in_flight_when_sleep_arrives_finishes_after_wake_up(sleepy):
-    reference = _complete(sleepy, max_tokens=600)  # seconds of decoding
+    reference = _complete(sleepy, max_tokens=300)  # seconds of decoding
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        running = pool.submit(_complete, sleepy, 600)
+        running = pool.submit(_complete, sleepy, 300)
         time.sleep(0.3)
         assert http("POST", sleepy.base_url + "/sleep?level=1", headers=AUTH).status_code == 200
         time.sleep(0.5)
