@@ -137,7 +137,7 @@ class LLM:
         raise ValueError(f"prompt must be a string or a dict with 'prompt' or 'prompt_token_ids', got {prompt!r}")
 
     def _run(self, inputs, params: list[SamplingParams], use_tqdm: bool) -> list[RequestOutput]:
-        if self.engine is not None and self.engine.asleep:  # (nothing would wake it while this call waits)
+        if self.config.runtime.enable_sleep_mode and self.is_sleeping():  # (nothing would wake it while this waits)
             raise EngineSleepingError("the engine is asleep: call wake_up() before generate()")
         if self._background is not None:
             return self._run_background(inputs, params, use_tqdm)

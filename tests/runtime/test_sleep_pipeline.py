@@ -33,3 +33,20 @@ def test_every_stage_sleeps_and_wakes():
             assert await _text(engine) == before
 
     asyncio.run(run())
+
+
+def test_the_offline_llm_over_processes_refuses_while_asleep():
+    """With its engine in processes, LLM.generate while asleep is an error, not a wait that nothing ends."""
+    import pytest
+
+    from actorserve import LLM, EngineSleepingError
+
+    with LLM(pipeline_parallel_size=2, enable_sleep_mode=True, sleep_queue_requests=True, max_model_len=1024,
+             kv_cache_memory=64 << 20) as llm:
+        before = llm.generate("The capital of France is", GREEDY, use_tqdm=False)[0].outputs[0].text
+        llm.sleep(level=1)
+        assert llm.is_sleeping()
+        with pytest.raises(EngineSleepingError):
+            llm.generate("The capital of France is", GREEDY, use_tqdm=False)
+        llm.wake_up()
+        assert llm.generate("The capital of France is", GREEDY, use_tqdm=False)[0].outputs[0].text == before
