@@ -123,21 +123,20 @@ def build_app(ctx: ServingContext, api_key: Optional[str] = None) -> FastAPI:
 def _sleep_routes(app: FastAPI, ctx: ServingContext) -> None:
     """vLLM's operator endpoints of sleep mode, served only where the engine was started with it."""
 
-    @app.post("/sleep")
-    async def sleep(level: int = 1):
+    async def done(call) -> Response:
         try:
-            await ctx.engine.sleep(level)
-        except ValueError as exc:
+            await call
+        except ValueError as exc:  # a bad level or tag
             raise APIError.bad_request(exc) from None
         return Response(status_code=200)
 
+    @app.post("/sleep")
+    async def sleep(level: int = 1):
+        return await done(ctx.engine.sleep(level))
+
     @app.post("/wake_up")
     async def wake_up(tags: Optional[list[str]] = Query(None)):
-        try:
-            await ctx.engine.wake_up(tags)
-        except ValueError as exc:
-            raise APIError.bad_request(exc) from None
-        return Response(status_code=200)
+        return await done(ctx.engine.wake_up(tags))
 
     @app.get("/is_sleeping")
     async def is_sleeping():

@@ -119,23 +119,14 @@ def test_level_2_gives_back_the_weights_and_the_kv_cache():
     assert _tokens(llm) == reference
 
 
-# a hybrid model's recurrent-state slots (kv_cache) and MLA's latent cache, on tiny random models
-TINY = {
-    "qwen3_next": dict(num_hidden_layers=4, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
-                       linear_key_head_dim=16, linear_value_head_dim=8, num_experts=4, num_experts_per_tok=2,
-                       moe_intermediate_size=32, shared_expert_intermediate_size=48, mlp_only_layers=[0, 1, 3],
-                       layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"]),
-    "deepseek_v2": dict(num_hidden_layers=3, num_key_value_heads=4, kv_lora_rank=48, q_lora_rank=None,
-                        qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=24, n_routed_experts=4,
-                        num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1),
-}
-
-
-@pytest.mark.parametrize("kind", sorted(TINY))
+# a hybrid model's recurrent-state slots (kv_cache) and MLA's latent cache, on the tiny random models of
+# the logits tests
+@pytest.mark.parametrize("kind", ["qwen3_next", "deepseek_v2"])
 def test_other_caches_sleep_and_wake(kind, tmp_path):
     from tests.conftest import save_tiny_model
+    from tests.runtime.model.test_decoder_vs_transformers import FAMILIES
 
-    llm = LLM(str(save_tiny_model(kind, tmp_path / kind, **TINY[kind])), enable_sleep_mode=True,
+    llm = LLM(str(save_tiny_model(kind, tmp_path / kind, **FAMILIES[kind])), enable_sleep_mode=True,
               skip_tokenizer_init=True, max_model_len=256, kv_cache_memory=16 << 20, max_num_seqs=4)
     prompts = [{"prompt_token_ids": [1, 5, 9, 20, 7]}, {"prompt_token_ids": [3, 4]}]
     reference = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
