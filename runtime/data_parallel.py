@@ -11,6 +11,7 @@ go on serving, ``replica_states`` reports each one for /health and /metrics, and
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import uuid
 from typing import Any, AsyncIterator, Optional
@@ -35,7 +36,6 @@ class DataParallelEngine:
         self.config = config
         self.replicas = [AsyncEngine.from_config(replica_config(config, rank))
                          for rank in range(config.parallel.data_parallel_size)]
-        self._outstanding = [0] * len(self.replicas)
         self._where: dict[str, int] = {}  # request id -> the replica serving it
 
     @classmethod
@@ -63,8 +63,13 @@ class DataParallelEngine:
 
     def replica_states(self) -> list[dict[str, Any]]:
         """Each replica: its rank, whether it serves, what ended it, and its requests outstanding."""
-        return [{**r.replica_states()[0], "rank": rank, "outstanding": self._outstanding[rank]}
+        outstanding = self._outstanding()
+        return [{**r.replica_states()[0], "rank": rank, "outstanding": outstanding[rank]}
                 for rank, r in enumerate(self.replicas)]
+
+    def _outstanding(self) -> collections.Counter:
+        """Requests streaming, by replica."""
+        return collections.Counter(self._where.values())
 
     async def wait_dead(self) -> EngineDeadError:
         errors = await asyncio.gather(*(r.wait_dead() for r in self.replicas))
@@ -75,10 +80,8 @@ class DataParallelEngine:
             if not 0 <= rank < len(self.replicas):
                 raise ValueError(f"data_parallel_rank must be in [0, {len(self.replicas)}), got {rank}")
             return rank
-        live = [i for i, r in enumerate(self.replicas) if not r.is_dead]
-        if not live:
-            raise self.replicas[0].death
-        return min(live, key=lambda i: (self._outstanding[i], i))
+        outstanding = self._outstanding()
+        return min((self.replicas.index(r) for r in self._live()), key=lambda i: (outstanding[i], i))
 
     async def generate(self, prompt: PromptInput, sampling_params: Optional[SamplingParams] = None,
                        request_id: Optional[str] = None, data_parallel_rank: Optional[int] = None,
@@ -88,13 +91,11 @@ class DataParallelEngine:
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._where:
             raise ValueError(f"request_id {request_id!r} is already streaming")
-        self._outstanding[rank] += 1
         self._where[request_id] = rank
         try:
             async for out in self.replicas[rank].generate(prompt, sampling_params, request_id):
                 yield out
         finally:
-            self._outstanding[rank] -= 1
             self._where.pop(request_id, None)
 
     async def abort(self, request_id: str) -> None:
@@ -104,11 +105,7 @@ class DataParallelEngine:
 
     async def check_health(self) -> HealthPong:
         """The live replicas' answers summed; EngineDeadError once none is left (or one is stuck)."""
-        live = [r for r in self.replicas if not r.is_dead]
-        if not live:
-            raise self.replicas[0].death
-        pongs = await asyncio.gather(*(r.check_health() for r in live))
-        return _summed(pongs)
+        return _summed(await asyncio.gather(*(r.check_health() for r in self._live())))
 
     async def sleep(self, level: int = 1) -> None:
         await asyncio.gather(*(r.sleep(level) for r in self._live()))
