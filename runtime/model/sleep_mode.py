@@ -31,7 +31,6 @@ class SleepMode:
             self.ledger.record("weights", r.model, prefix + "model")
             self.ledger.record("kv_cache", r.kv_caches, prefix + "kv")
         self._record_workspace()
-        self.level: Optional[int] = None
 
     def _record_workspace(self) -> None:
         for prefix, r in self.runner.runners():
@@ -52,7 +51,6 @@ class SleepMode:
         released["kv_cache"] = self.ledger.release("kv_cache", backup=False)
         released["weights"] = self.ledger.release("weights", backup=level == 1)
         _give_back(self.runner.device)
-        self.level = level
         log.info("asleep (level %d): released %.1f MiB of weights, %.1f MiB of KV cache", level,
                  released["weights"] / 2**20, released["kv_cache"] / 2**20)
         return released
@@ -74,7 +72,6 @@ class SleepMode:
                 r.build_plans()
             self.runner.capture_graphs()
             self.ledger.restore("workspace", rebuilt=lambda ledger: self._record_workspace())
-            self.level = None
             log.info("awake")
         _give_back(self.runner.device)
         return restored
