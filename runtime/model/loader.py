@@ -123,6 +123,14 @@ def read_arch_config(path: str):
     raise ModelLoadError(f"{path} is neither a .gguf file nor a model directory")
 
 
+def _materialize(net: torch.nn.Module, device: str, dtype: torch.dtype) -> torch.nn.Module:
+    """``to_empty(device).to(dtype)`` with one allocation of each tensor, by ``torch.empty`` of its shape:
+    ``to_empty``'s ``empty_like`` of a meta tensor imports sympy (torch's symbolic shapes), a resident
+    cost of hundreds of modules that serving never uses."""
+    return net._apply(lambda t: torch.empty(t.shape, device=device,
+                                            dtype=dtype if t.is_floating_point() else t.dtype))
+
+
 def load_model(model: Optional[str], dtype: str = "float32", max_positions: Optional[int] = None,
                device: str = "cpu", tokenizer: Optional[str] = None, skip_tokenizer: bool = False,
                pp_rank: int = 0, pp_size: int = 1, quantization: Optional[str] = None) -> LoadedModel:
@@ -144,7 +152,7 @@ def load_model(model: Optional[str], dtype: str = "float32", max_positions: Opti
     held = _held_weights(net, layout, reader, wanted, method) if reader is not None else set()
     for param in held:  # never allocated dense: the blocks are the weight
         net.get_submodule(param.rsplit(".", 1)[0]).weight = None
-    net = net.to_empty(device=device).to(_DTYPES[method.load_dtype(dtype)])
+    net = _materialize(net, device, _DTYPES[method.load_dtype(dtype)])
     if reader is not None:
         keep = lambda name, type_name, shape: name in layout and layout[name][0] in held  # noqa: E731
         tensors = gguf_weights.iter_tensors(reader, cfg, wanted, keep)

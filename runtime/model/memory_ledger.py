@@ -130,14 +130,6 @@ def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
 
 
-def trim_heap() -> None:
-    """Hand the allocator's free memory back to the OS (glibc's malloc_trim): what was freed by dropping a
-    buffer (a packed weight, a reloaded model's copy) otherwise stays in the process's heap."""
-    trim = getattr(_libc(), "malloc_trim", None)
-    if trim is not None:
-        trim(0)
-
-
 def buffer_of(name: str, obj) -> Optional[object]:
     """The ledger entry for a tensor's storage or a packed weight (None for an empty one)."""
     if isinstance(obj, PackedWeight):

@@ -15,7 +15,8 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from actorserve.runtime.engine.sleep import WAKE_TAGS, check_level, check_tags
-from actorserve.runtime.model.memory_ledger import AllocatorLedger, TagState, trim_heap
+from actorserve.runtime.heap import trim_heap
+from actorserve.runtime.model.memory_ledger import AllocatorLedger, TagState
 
 log = logging.getLogger("actorserve")
 

@@ -10,7 +10,6 @@ convert the same file at once), and is only a shortcut: any failure falls back t
 """
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import logging
 import os
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 from actorserve.runtime.errors import ModelLoadError
+from actorserve.runtime.heap import trim_heap
 
 log = logging.getLogger("actorserve")
 
@@ -35,11 +35,12 @@ def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
     try:
-        if os.path.isfile(path) and path.endswith(".gguf"):
-            return _gguf_tokenizer(path)
-        return AutoTokenizer.from_pretrained(path)
+        tokenizer = _gguf_tokenizer(path) if os.path.isfile(path) and path.endswith(".gguf") else \
+            AutoTokenizer.from_pretrained(path)
     except Exception as exc:  # transformers raises many kinds here; the caller needs one
         raise ModelLoadError(f"could not load a tokenizer from {path}: {exc}") from exc
+    trim_heap()  # the parse's scratch: most of what loading took
+    return tokenizer
 
 
 def _gguf_tokenizer(path: str):
@@ -105,7 +106,7 @@ def encode(tokenizer, text: str, **kwargs) -> list[int]:
     would leave the process bigger for good; bench/hostile.py measures it)."""
     ids = tokenizer.encode(text, **kwargs)
     if len(text) > TRIM_ABOVE_CHARS:
-        release_free_memory()
+        trim_heap()
     return ids
 
 
@@ -123,10 +124,3 @@ def bad_words_token_ids(tokenizer, words: list[str], vocab_size: int) -> list[li
     if bad or not all(out):
         raise ValueError(f"bad_words: the tokenizer gives token ids {bad} outside the vocabulary [0, {vocab_size})")
     return out
-
-
-def release_free_memory() -> None:
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass  # not glibc: nothing to trim

@@ -1,4 +1,7 @@
 """Weight loading: GGUF of every supported type against transformers, and loud failures."""
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -182,3 +185,13 @@ def test_a_model_that_needs_its_own_code_is_refused_and_auto_dtype_reads_the_che
     assert checkpoint_dtype(str(model)) == "bfloat16"
     with pytest.raises(ModelLoadError, match="auto_map"):
         read_arch_config(str(model))
+
+
+def test_loading_the_default_model_imports_no_sympy():
+    """Materialising the meta-built model must not pull in torch's symbolic shapes (sympy, mpmath): hundreds
+    of modules that stay resident for nothing."""
+    code = ("import sys; from actorserve.runtime.model.loader import load_model; "
+            "load_model(None, 'float32', skip_tokenizer=True); "
+            "print(sorted(m for m in ('sympy', 'mpmath') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
