@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.e2e.hostile import Bounded
+from tests.e2e.hostile import Bounded, kv_tokens
 from tests.e2e.server import API_KEY, Server, http
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -30,7 +30,10 @@ def bounded(server):
         r = post(server, "/v1/completions", {"prompt": "The capital of France is", "max_tokens": 2,
                                              "temperature": 0})
         assert r.status_code == 200, r.text
-    return Bounded(server.rss, normal)
+    def fill(prompt: str):
+        r = post(server, "/v1/completions", {"prompt": prompt, "max_tokens": 1}, timeout=120)
+        assert r.status_code == 200, r.text
+    return Bounded(server.rss, normal, fill, fill_tokens=kv_tokens(server.output()))
 
 
 def post(server, path, body=None, raw=None, headers=None, timeout=60):

@@ -15,7 +15,7 @@ import psutil
 import pytest
 import zmq
 
-from tests.e2e.hostile import Bounded
+from tests.e2e.hostile import Bounded, kv_tokens
 from tests.e2e.test_zmq_protocol import free_port
 
 pack = msgspec.msgpack.encode
@@ -35,7 +35,7 @@ def server():
         assert proc.poll() is None and time.monotonic() < deadline, open(log.name, "rb").read().decode()
         time.sleep(0.1)
     children = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
-    yield address, proc, children
+    yield address, proc, children, log.name
     proc.send_signal(signal.SIGTERM)
     proc.wait(15)
     assert proc.returncode == 0
@@ -75,7 +75,7 @@ def pong(sock, nonce=7) -> dict:
 
 @pytest.fixture(scope="module")
 def bounded(server, ctx):
-    address, proc, children = server
+    address, proc, children, log_path = server
     good = dealer(ctx, address)
 
     def rss():
@@ -85,7 +85,9 @@ def bounded(server, ctx):
 
     def normal():
         assert run(good)["finished"]
-    yield Bounded(rss, normal)
+    def fill(prompt: str):
+        assert run(good, prompt=prompt, max_tokens=1)["finished"]
+    yield Bounded(rss, normal, fill, fill_tokens=kv_tokens(open(log_path, "rb").read()))
     good.close()
 
 
@@ -124,7 +126,8 @@ def test_bad_frames_get_a_protocol_error_and_the_engine_serves_on(bad, bounded, 
 
 BAD_PARAMS = [
     ({"n": 2 ** 62}, "n"), ({"n": 2 ** 63}, "n"), ({"n": 129}, "n"), ({"max_tokens": 10 ** 7}, "max_tokens"),
-    ({"top_k": 2 ** 64 - 1}, "top_k"), ({"seed": 2 ** 64 - 1, "n": 2}, None), ({"temperature": float("inf")}, "temperature"),
+    ({"top_k": 2 ** 64 - 1}, "top_k"), ({"seed": 2 ** 64 - 1, "n": 2}, None),
+    ({"temperature": float("inf")}, "temperature"),
     ({"logit_bias": {5: 1e9}}, None), ({"stop_token_ids": [2 ** 63]}, "stop_token_ids"),
 ]
 

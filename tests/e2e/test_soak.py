@@ -188,7 +188,8 @@ def test_soak():
                         headers=AUTH).json()["choices"][0]["text"] for p in PROMPTS}
     tally, ctx = Tally(), zmq.Context()
     until = time.monotonic() + DURATION
-    threads = [threading.Thread(target=http_client, args=(port, expected, tally, until, i)) for i in range(HTTP_CLIENTS)]
+    threads = [threading.Thread(target=http_client, args=(port, expected, tally, until, i))
+               for i in range(HTTP_CLIENTS)]
     threads += [threading.Thread(target=zmq_client, args=(ctx, address, expected, tally, until, 100 + i))
                 for i in range(ZMQ_CLIENTS)]
     for t in threads:

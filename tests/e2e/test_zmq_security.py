@@ -123,7 +123,8 @@ def test_curve_admits_only_authorized_keys(tmp_path):
 
         async def main():
             stranger = ZmqClient(address, curve_server_key=server_public, curve_client_key=stranger_secret)
-            wrong_server = ZmqClient(address, curve_server_key=client_public_in(allowed), curve_client_key=client_secret)
+            wrong_server = ZmqClient(address, curve_server_key=client_public_in(allowed),
+                                     curve_client_key=client_secret)
             client = ZmqClient(address, curve_server_key=server_public, curve_client_key=client_secret)
             try:
                 with pytest.raises(PermissionError, match="refused this client's CurveZMQ key"):
