@@ -16,13 +16,17 @@ the same transformers run, and compares each setting's greedy tokens with the fi
 llama.cpp runs each workload
 with our thread count, its multi-sequence decode for the batched ones (bench/llama_cpp_peer.py), and
 its greedy tokens are compared with ours; the resident memory after load of ``LLM()`` and of llama.cpp,
-each in a fresh process with its KV cache out of the count, is measured too. Prints a table of ratios
-and writes bench/results/compare_hf_<dtype>[_<quantizations>]_vs_<hf dtype>[_llama_cpp].json.
+each in a fresh process with its KV cache out of the count, is measured too. llama.cpp is the build
+llama-cpp-python loads: its wheel's, or the one at ``LLAMA_CPP_LIB_PATH`` (bench/llama_cpp_avx2.sh builds
+the AVX2 one, the peer of our AVX2 paths); the instruction sets it uses are printed and recorded. Prints a
+table of ratios and writes bench/results/compare_hf_<dtype>[_<quantizations>]_vs_<hf dtype>[_llama_cpp]
+[_isa_<ACTORSERVE_CPU_ISA>].json.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -185,6 +189,7 @@ def main() -> None:
     big = offline_prompts(data, args.offline_prompts)
     row(f"offline {args.offline_prompts} x 128 in / 128 out", len(big) * 128, big, 128,
         hf_prompts=big[:args.hf_offline_prompts], peer="offline")
+    llama_cpp_build = peers["batched"].build if peers else None
     for peer in peers.values():
         peer.close()
     memory = {}
@@ -194,13 +199,17 @@ def main() -> None:
             memory[f"actorserve_{q}_rss_mib"] = resident_mib(_RSS_OURS.format(
                 dtype=args.dtype, quantization=None if q == "none" else q))
     _print(rows, memory)
+    if llama_cpp_build:
+        print(f"llama.cpp build: {llama_cpp_build}")
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
+    isa = os.environ.get("ACTORSERVE_CPU_ISA")
     suffix = ("" if args.quantization == ["none"] else "_" + "_".join(args.quantization)) + (
-        "_llama_cpp" if args.llama_cpp else "")
+        "_llama_cpp" if args.llama_cpp else "") + (f"_isa_{isa}" if isa else "")
     (out / f"compare_hf_{args.dtype}{suffix}_vs_{hf_dtype}.json").write_text(
         json.dumps({"dtype": args.dtype, "hf_dtype": hf_dtype, "quantization": args.quantization, "rows": rows,
-                    "memory": memory, "threads": torch.get_num_threads()}, indent=1))
+                    "memory": memory, "threads": torch.get_num_threads(),
+                    "cpu_isa": isa or "native", "llama_cpp_build": llama_cpp_build}, indent=1))
 
 
 def _default_gguf() -> str:

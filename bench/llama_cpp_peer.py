@@ -42,6 +42,13 @@ class LlamaCpp:
         self.batch_size = batch
         self.batch = lc.llama_batch_init(batch, 0, 1)
 
+    @property
+    def build(self) -> str:
+        """The instruction sets this llama.cpp build uses (``llama_print_system_info``, the flags set)."""
+        info = self.lc.llama_print_system_info().decode()
+        return " ".join(part.split(":")[-1].split("=")[0].strip() for part in info.split("|")
+                        if part.strip().endswith("= 1") and "REPACK" not in part)
+
     def close(self) -> None:
         self.lc.llama_batch_free(self.batch)
         self.lc.llama_free(self.ctx)
