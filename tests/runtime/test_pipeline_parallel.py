@@ -38,12 +38,19 @@ def stress_set(seed=3, count=200):
 ARGS = dict(skip_tokenizer_init=True, kv_cache_memory=48 * 3 * 8192, max_model_len=512, max_num_batched_tokens=256)
 
 
-@pytest.mark.parametrize("pp", [2, 3])
-def test_stress_set_equals_pp1(six_layers, pp):
+@pytest.fixture(scope="module")
+def stress_pp1(six_layers):
+    """The stress set's outputs with one stage, which preempts and hits the prefix cache."""
     prompts, params = stress_set()
     single = LLM(str(six_layers), **ARGS)
     expected = [o.outputs[0].token_ids for o in single.generate(prompts, params, use_tqdm=False)]
     assert single.engine.scheduler.num_preemptions > 0 and single.engine.prefix_cache_hit_tokens > 0
+    return prompts, params, expected
+
+
+@pytest.mark.parametrize("pp", [2, 3])
+def test_stress_set_equals_pp1(six_layers, stress_pp1, pp):
+    prompts, params, expected = stress_pp1
     with LLM(str(six_layers), pipeline_parallel_size=pp, **ARGS) as piped:
         got = [o.outputs[0].token_ids for o in piped.generate(prompts, params, use_tqdm=False)]
     assert got == expected
