@@ -13,7 +13,6 @@ from typing import Optional
 from actorserve.kernels import capability
 from actorserve.runtime.config import EngineConfig
 from actorserve.runtime.engine.core import EngineCore, ModelFacts
-from actorserve.runtime.heap import trim_heap
 from actorserve.runtime.model.cuda_graphs import capture_sizes
 from actorserve.runtime.model.draft_proposer import DraftModelProposer
 from actorserve.runtime.model.linear_attention import LinearLayerState
@@ -83,7 +82,6 @@ def load_worker(config: EngineConfig, with_tokenizer: bool, pp_rank: int = 0,
         m.model, m.dtype, max_positions=max_len, tokenizer=m.tokenizer, skip_tokenizer=skip_tokenizer, pp_rank=pp_rank,
         pp_size=config.parallel.pipeline_parallel_size, quantization=m.quantization, device=device)
     loaded = load(m.skip_tokenizer_init or not with_tokenizer)
-    trim_heap()  # the blocks as read, before their repacking
     if max_len is not None and max_len > loaded.cfg.max_position_embeddings:
         raise ValueError(f"max_model_len {max_len} exceeds the model's context length "
                          f"{loaded.cfg.max_position_embeddings}")

@@ -180,7 +180,8 @@ class DecoderBody(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """Build on the meta device, materialise empty (the loader), load weights, then ``init_buffers`` (rotary tables).
+    """Built on the meta device, materialised empty by the loader, weights loaded, then ``init_buffers``
+    (rotary tables).
 
     A pipeline stage builds only its own layers; ``forward`` takes token ids on the first stage and the
     previous stage's hidden states elsewhere, and returns normalised hidden states on the last."""

@@ -15,6 +15,7 @@ import torch
 
 from actorserve.kernels.gemm.gguf import Segment
 from actorserve.runtime.errors import ModelLoadError
+from actorserve.runtime.heap import trim_heap
 from actorserve.runtime.model import gguf_weights, hf_weights
 from actorserve.runtime.model import quantization as quantization_methods
 from actorserve.runtime.model.arch_config import ArchConfig
@@ -167,6 +168,7 @@ def load_model(model: Optional[str], dtype: str = "float32", max_positions: Opti
     net.init_buffers(freq_factors)
     net.eval().requires_grad_(False)
     net.prepack()
+    trim_heap()  # the blocks as read and what preparing replaced: freed, but kept by the allocator
     tok = None if skip_tokenizer else load_tokenizer(tokenizer or path)
     return LoadedModel(net, cfg, tok, path)
 
