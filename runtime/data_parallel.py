@@ -123,7 +123,10 @@ class DataParallelEngine:
         return live
 
     async def close(self) -> None:
-        await asyncio.gather(*(r.close() for r in self.replicas))
+        """One replica after the other: a Ray replica's close waits for its own resources to be seen free,
+        counted from what is free when it starts (see ray_executor._resources_back)."""
+        for replica in self.replicas:
+            await replica.close()
 
     async def __aenter__(self) -> "DataParallelEngine":
         await self.start()

@@ -140,7 +140,7 @@ class RayEngine:
         self._reserved: dict[str, float] = {}
         self._watch: Optional[asyncio.Task] = None
         self._closing = False
-        self._freeing = False  # the placement group was removed and its resources not yet seen free
+        self._freed_to: Optional[dict[str, float]] = None  # removed: the free resources to wait for
 
     async def start(self, on_death: Callable[[str, str], None]) -> None:
         ray = _ray()
@@ -268,12 +268,13 @@ class RayEngine:
         if self.placement_group is not None:
             from ray.util.placement_group import remove_placement_group
 
+            free, total = ray.available_resources(), ray.cluster_resources()
+            self._freed_to = {k: min(free.get(k, 0.0) + v, total.get(k, 0.0)) for k, v in self._reserved.items()}
             remove_placement_group(self.placement_group)
             self.placement_group = None
-            self._freeing = True
-        if not quick and self._freeing:
-            await _resources_back(ray, self._reserved, _RESOURCES_TIMEOUT_S)
-            self._freeing = False
+        if not quick and self._freed_to is not None:
+            await _resources_back(ray, self._freed_to, _RESOURCES_TIMEOUT_S)
+            self._freed_to = None
 
 
 def _bundle(config: EngineConfig, cluster: dict) -> dict[str, float]:
@@ -312,14 +313,15 @@ async def _gather(ray, refs: list) -> list:
     return await asyncio.gather(*(asyncio.wrap_future(r.future()) for r in refs))
 
 
-async def _resources_back(ray, reserved: dict[str, float], timeout: float) -> None:
-    """Wait until Ray reports free at least what the placement group held (vLLM's teardown lesson: the next
-    engine in this process must not fail for resources that are still being freed)."""
+async def _resources_back(ray, freed_to: dict[str, float], timeout: float) -> None:
+    """Wait until Ray reports free what was free when the placement group was removed plus what it held
+    (vLLM's teardown lesson: the next engine in this process must not fail for resources that are still
+    being freed). Counted from what was free, not from nothing: where another engine's resources are free
+    already, they must not pass for this one's."""
     deadline = time.monotonic() + timeout
     while True:
         free = ray.available_resources()
-        missing = {k: v for k, v in reserved.items() if free.get(k, 0.0) + 1e-9 < min(v, ray.cluster_resources()
-                                                                                          .get(k, 0.0))}
+        missing = {k: v for k, v in freed_to.items() if free.get(k, 0.0) + 1e-9 < v}
         if not missing:
             return
         if time.monotonic() > deadline:
