@@ -18,11 +18,27 @@ Each path has its own predicate, so that one missing instruction switches off on
   has AVX-512 BW/VL/DQ or AVX-NE-CONVERT, and says so only by raising at load; this asks first.
 - ``int_mm``: ``torch._int_mm``, the int8 product, checked by running it once; without it the int8 layers
   multiply in int32 with torch's generic product (slow, exact, the same result).
+- ``int_mm_exact``: that product is exact for every int8 value. oneDNN shifts the activations to unsigned
+  bytes, and without a 4-way integer dot (AVX-512 VNNI, AVX-VNNI, AMX) it adds pairs of byte products in
+  16 bits with saturation (``vpmaddubsw``): 255 x 127 twice does not fit, and the sums come out wrong. So
+  it is checked on values that saturate, and under the override it holds only with VNNI in the masked
+  features. Without it the int8 layers split each weight into two parts narrow enough not to saturate
+  (``kernels.gemm.int8``): two products, the same integers.
+- ``bf16_gemm``: oneDNN multiplies bf16 matrices on this CPU (torch's own test, as for prepacking, but
+  with the C kernels on or off). Without it torch's bf16 product is a scalar loop, and bf16 products of
+  more rows than the skinny kernel takes are widened to fp32 instead (``kernels.gemm.widened``).
 
 The instruction sets come from CPUID through torch (``torch.cpu._is_*_supported``), which also checks that
 the OS saves the wide registers; /proc/cpuinfo can disagree with CPUID under emulators. The ISA override
 (``ACTORSERVE_CPU_ISA``: ``avx512``, ``avx2`` or ``generic``) makes every predicate see the lesser CPU, so
 the paths of an AVX2-only machine run, and are tested, on an AVX-512 one. It never raises a CPU's level.
+
+torch's own libraries pick their instructions themselves, each once, at its first use in a process: oneDNN
+(the bf16 and int8 products) by ``ONEDNN_MAX_CPU_ISA``, MKL (the fp32 GEMM) by ``MKL_ENABLE_INSTRUCTIONS``,
+ATen's vectorised operators by ``ATEN_CPU_CAPABILITY``. Under the override, a lesser CPU is only
+emulated whole where those hold the libraries at its level too (``library_env``): the engine's worker
+processes start with them; a process that computed before it read the override (an in-process engine)
+keeps its libraries' level, and the worker says so in its log (``libraries_above``).
 """
 from __future__ import annotations
 
@@ -56,11 +72,13 @@ class CpuPaths:
     q8_isa: Optional[str] = None  # the q8 products' build: "avx512_vnni", "avx2", or None
     prepacked_bf16: bool = False
     int_mm: bool = False
+    int_mm_exact: bool = False
+    bf16_gemm: bool = False
 
     def describe(self) -> str:
         on = ([f"C kernels ({self.kernel_isa})"] if self.kernel_isa else []) + (
             [f"q8 products ({self.q8_isa})"] if self.q8_isa else []) + [
-            name for name in ("prepacked_bf16", "int_mm") if getattr(self, name)]
+            name for name in ("prepacked_bf16", "int_mm", "int_mm_exact", "bf16_gemm") if getattr(self, name)]
         seen = self.isa if self.isa == self.hardware_isa else f"{self.isa} (override; this CPU: {self.hardware_isa})"
         return f"CPU {seen}; fast paths on: {', '.join(on) or 'none'}" + (
             "" if self.kernels_enabled else " (ACTORSERVE_CPU_KERNELS=0)")
@@ -133,6 +151,17 @@ def _int_mm_runs() -> bool:
         return False
 
 
+def _int_mm_exact() -> bool:
+    """``torch._int_mm`` on values whose byte-pair sums saturate 16 bits where there is no VNNI."""
+    import torch
+
+    try:
+        a = torch.full((32, 64), 127, dtype=torch.int8)
+        return bool((torch._int_mm(a, a.t().contiguous()) == 64 * 127 * 127).all())
+    except RuntimeError:
+        return False
+
+
 def kernel_isa(features: CpuFeatures) -> Optional[str]:
     """The best build of the C kernels these features run."""
     if features.avx512_bf16:
@@ -152,11 +181,46 @@ def detect(isa_override: Optional[str] = None, kernels_enabled: bool = True) -> 
         raise ValueError(f"the CPU ISA override must be one of {ISAS}, got {isa_override!r}")
     real = hardware_features()
     seen = masked(real, isa_override)
+    int_mm = _int_mm_runs()
     return CpuPaths(isa=seen.isa, hardware_isa=real.isa, kernels_enabled=kernels_enabled,
                     kernel_isa=kernel_isa(seen) if kernels_enabled else None,
                     q8_isa=q8_isa(seen) if kernels_enabled else None,
                     prepacked_bf16=kernels_enabled and _onednn_bf16(seen),
-                    int_mm=_int_mm_runs())
+                    int_mm=int_mm, int_mm_exact=int_mm and _int_mm_exact() and (seen == real or seen.avx512_vnni),
+                    bf16_gemm=_onednn_bf16(seen))
+
+
+# The variables that hold each of torch's libraries at a level, read once by each at its first use
+_LIBRARY_ENV = {
+    "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"},
+    "generic": {"ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ATEN_CPU_CAPABILITY": "default"},
+}
+
+
+def library_env(override: Optional[str], hardware_isa: str) -> dict[str, str]:
+    """The environment that starts a process with torch's libraries at the override's level; empty where
+    the override is not below this CPU's level (ATen takes its variable on trust: a level above the CPU's
+    would be an illegal instruction)."""
+    if override is None or ISAS.index(override) >= ISAS.index(hardware_isa):
+        return {}
+    return dict(_LIBRARY_ENV[override])
+
+
+def libraries_above(isa: str) -> list[str]:
+    """Which of torch's libraries run above ``isa`` in this process (ATen, oneDNN), as torch reports them."""
+    import torch
+
+    above = []
+    aten = torch.backends.cpu.get_cpu_capability().lower()
+    if ISAS.index(isa) < ISAS.index("avx512") and aten.startswith("avx512") or isa == "generic" and aten != "default":
+        above.append(f"ATen ({aten})")
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    try:
+        if isa != "avx512" and torch.backends.mkldnn.is_available() and check is not None and bool(check()):
+            above.append("oneDNN (bf16 GEMM)")
+    except RuntimeError:
+        pass
+    return above
 
 
 class _Installed:

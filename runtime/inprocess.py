@@ -73,6 +73,10 @@ def load_worker(config: EngineConfig, with_tokenizer: bool, pp_rank: int = 0,
     paths = config.device.resolve()
     device = config.device.torch_device(pp_rank)
     capability.use(paths)  # before any kernel is built or weight prepacked
+    if paths.isa != paths.hardware_isa and (above := capability.libraries_above(paths.isa)):
+        log.warning("CPU override %s: torch's %s in this process ran before the override and stay above it; "
+                    "start the process with %s to emulate the lesser CPU whole", paths.isa, " and ".join(above),
+                    " ".join(f"{k}={v}" for k, v in capability.library_env(paths.isa, paths.hardware_isa).items()))
     started, resident = time.perf_counter(), _resident_bytes()
     path = resolve_model_path(m.model)
     log.info("loading %s (%.1f MiB)%s", path, _size(path) / 2**20,

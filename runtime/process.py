@@ -23,6 +23,7 @@ from typing import Any, Optional
 import msgspec
 
 from actorserve import SOURCE_ROOT
+from actorserve.kernels.capability import library_env
 from actorserve.runtime.actors.addresses import Addresses
 from actorserve.runtime.config import EngineConfig
 from actorserve.runtime.logs import setup_logging
@@ -57,12 +58,24 @@ class Child:
         return self.process.poll()
 
 
+def child_env(config: EngineConfig) -> dict[str, str]:
+    """A child's environment: this process's, with torch's libraries held at the level the capability
+    gates see (``capability.library_env``: a CPU override emulates the lesser CPU whole in the children)
+    where the caller has not set them, and this checkout on the path."""
+    env = dict(os.environ)
+    device = config.device
+    if device.cpu_paths is not None:
+        for name, value in library_env(device.cpu_isa, device.cpu_paths.hardware_isa).items():
+            env.setdefault(name, value)
+    if SOURCE_ROOT is not None:  # a checkout: the child imports the same actorserve as its launcher
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (SOURCE_ROOT, env.get("PYTHONPATH")) if p)
+    return env
+
+
 def spawn(spec: ChildSpec) -> Child:
     ready_r, ready_w = os.pipe()
     death_r, death_w = os.pipe()
-    env = dict(os.environ)
-    if SOURCE_ROOT is not None:  # a checkout: the child imports the same actorserve as its launcher
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (SOURCE_ROOT, env.get("PYTHONPATH")) if p)
+    env = child_env(spec.config)
     process = subprocess.Popen(
         [sys.executable, "-m", "actorserve.runtime.process", str(ready_w), str(death_r), spec.name],  # name: for ps
         stdin=subprocess.PIPE, pass_fds=(ready_w, death_r), env=env,

@@ -10,10 +10,15 @@ here; vLLM's compressed-tensors W8A8 with dynamic per-token activation scales):
     y   = (x_q @ w_q.T) * s_x[m] * s_w[n] (+ bias)             (int32 products, exact; scaled in fp32)
 
 The product itself is ``torch._int_mm`` (oneDNN's s8s8s32 GEMM; an int32 torch product where that does
-not run); the two row passes around it are ``int8_bf16.c`` for bf16 activations, with the torch sequences below as their reference and fallback. It
-is an approximation of the model (about 7 bits per activation), which is why it is opt-in: greedy tokens
-follow the fp32 engine's for a median of 12 of 64 tokens on the benchmark prompts, bf16's for 17
-(``tests/kernels/gemm/test_int8.py`` bounds the products' and a layer's error). The lm_head stays in the model's dtype, as in vLLM, since its rows are what the sampler ranks.
+not run). Without VNNI, oneDNN's integer sums saturate (``capability.CpuPaths.int_mm_exact``), so there
+each weight is held as two parts, w = 64 * hi + lo with lo in [-32, 31] and hi in [-2, 2], each narrow
+enough not to saturate, and the product is ``64 * (x_q @ hi) + x_q @ lo``: the same integers, from two
+products. The two row passes around the product are ``int8_bf16.c`` for bf16 activations, with the torch
+sequences below as their reference and fallback. It is an approximation of the model (about 7 bits per
+activation), which is why it is opt-in: greedy tokens follow the fp32 engine's for a median of 12 of 64
+tokens on the benchmark prompts, bf16's for 17 (``tests/kernels/gemm/test_int8.py`` bounds the products'
+and a layer's error). The lm_head stays in the model's dtype, as in vLLM, since its rows are what the
+sampler ranks.
 """
 from __future__ import annotations
 
@@ -44,6 +49,21 @@ def int_mm_available() -> bool:
     """This process's gate of the int8 product (``capability.CpuPaths.int_mm``); without it the product runs
     in int32 through torch's generic matmul: the same integers, slower."""
     return capability.current().int_mm
+
+
+def int_mm_exact() -> bool:
+    """This process's gate of one ``torch._int_mm`` per product (``capability.CpuPaths.int_mm_exact``)."""
+    return capability.current().int_mm_exact
+
+
+SPLIT = 64  # w = SPLIT * hi + lo: |lo| <= 32, |hi| <= 2, so no byte-pair sum of either part saturates
+
+
+def split(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 q -> (hi, lo), both int8, q = SPLIT * hi + lo exactly."""
+    wide = q.to(torch.int16)
+    lo = (wide + SPLIT // 2) % SPLIT - SPLIT // 2
+    return ((wide - lo) // SPLIT).to(torch.int8), lo.to(torch.int8)
 
 
 def kernels_available() -> bool:
@@ -171,8 +191,28 @@ class Int8Weight:
                              f"on {weight.device}")
         self.out_features, self.in_features = weight.shape
         q, self.scale = quantize_ref(weight.detach())
-        # _int_mm takes [K, N]; the transposed view of [N, K] rows is oneDNN's faster layout at few rows
-        self.q_t = q.t()
+        # _int_mm takes [K, N]; the transposed view of [N, K] rows is oneDNN's faster layout at few rows.
+        # Where one _int_mm would saturate, only the two parts are held (``split``).
+        self.halves: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+        self._q_t: Optional[torch.Tensor] = q.t()
+        if int_mm_available() and not int_mm_exact():
+            hi, lo = split(q)
+            self.halves, self._q_t = (hi.t(), lo.t()), None
+
+    @property
+    def q_t(self) -> torch.Tensor:
+        """The int8 weight [K, N]."""
+        if self._q_t is not None:
+            return self._q_t
+        hi, lo = self.halves
+        return (hi.to(torch.int16) * SPLIT + lo).to(torch.int8)
+
+    def _int_mm(self, q: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if self.halves is None:
+            return torch._int_mm(q, self._q_t, out=out)
+        hi, lo = self.halves
+        acc = torch._int_mm(q, lo, out=out)
+        return acc.add_(torch._int_mm(q, hi), alpha=SPLIT)
 
     def apply(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``F.linear(x, w, bias)`` for the dequantized w, with x quantized per row; x keeps its dtype."""
@@ -195,7 +235,7 @@ class Int8Weight:
         if q.shape[0] == 0:
             return torch.empty(0, self.out_features, dtype=torch.int32), sx
         if int_mm_available():
-            return torch._int_mm(q, self.q_t), sx
+            return self._int_mm(q), sx
         return torch.mm(q.to(torch.int32), self.q_t.to(torch.int32)), sx
 
     def apply_quantized(self, q: torch.Tensor, sx: torch.Tensor, dtype: torch.dtype,
@@ -210,8 +250,7 @@ class Int8Weight:
         if (dtype != torch.bfloat16 or not (int_mm_available() and kernels_available())
                 or (bias is not None and bias.dtype != torch.bfloat16)):
             return None
-        q_t = self.q_t
-        return RowsProduct(INT8, lambda q, acc: torch._int_mm(q, q_t, out=acc), self.out_features, self.scale,
+        return RowsProduct(INT8, lambda q, acc: self._int_mm(q, out=acc), self.out_features, self.scale,
                            None if bias is None else bias.contiguous())
 
     def _rows(self, x: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,7 @@ def test_a_lesser_cpu_takes_no_avx512_path(isa):
     paths = capability.detect(isa)
     assert paths.isa == isa and paths.hardware_isa in capability.ISAS
     assert paths.kernel_isa == ("avx2" if isa == "avx2" else None) and not paths.prepacked_bf16
+    assert not paths.bf16_gemm  # bf16 products of many rows are widened to fp32 (kernels.gemm.widened)
     assert paths.int_mm == capability._int_mm_runs()  # independent of the ISA: torch falls back inside
     assert f"{isa} (override" in paths.describe() or paths.hardware_isa == isa
 
@@ -109,6 +110,60 @@ def test_bf16_and_int8_models_load_and_generate_on_a_lesser_cpu(isa, quantizatio
 def _no_reorder(self, weight):
     raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert or "
                        "avx512bw, avx512vl and avx512dq")
+
+
+def test_library_env_only_ever_lowers_torchs_libraries():
+    assert capability.library_env(None, "avx512") == {}
+    assert capability.library_env("avx512", "avx512") == {}
+    assert capability.library_env("avx2", "avx2") == {}  # ATen takes its variable on trust: never above the CPU
+    assert capability.library_env("avx2", "generic") == {}
+    env = capability.library_env("avx2", "avx512")
+    assert env == {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+    assert capability.library_env("generic", "avx2")["ATEN_CPU_CAPABILITY"] == "default"
+
+
+@pytest.mark.skipif(capability.hardware_features().isa != "avx512", reason="needs a CPU above AVX2")
+def test_a_process_started_with_library_env_runs_torch_at_that_level():
+    """What the variables do: torch's vectorised operators at AVX2 and no oneDNN bf16 GEMM, as on an
+    AVX2-only CPU (with them, oneDNN kept its AVX-512 bf16 GEMM under the override alone)."""
+    import os
+    import subprocess
+    import sys
+
+    probe = "import torch; print(torch.backends.cpu.get_cpu_capability(), torch.ops.mkldnn._is_mkldnn_bf16_supported())"
+    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+                                                           "ATEN_CPU_CAPABILITY")}
+    capped = subprocess.run([sys.executable, "-c", probe], env={**env, **capability.library_env("avx2", "avx512")},
+                            capture_output=True, text=True, check=True).stdout.split()
+    assert capped == ["AVX2", "False"]
+
+
+def test_children_start_with_torchs_libraries_at_the_override(monkeypatch):
+    from actorserve.runtime.process import child_env
+
+    for name in ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY"):
+        monkeypatch.delenv(name, raising=False)
+    native = EngineConfig.from_engine_args(None, cpu_isa=None)
+    lesser = EngineConfig.from_engine_args(None, cpu_isa="generic")
+    assert "ONEDNN_MAX_CPU_ISA" not in child_env(native)
+    want = capability.library_env("generic", lesser.device.cpu_paths.hardware_isa)
+    assert {k: child_env(lesser).get(k) for k in want} == want
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "SSE41")  # the caller's own setting wins
+    assert child_env(EngineConfig.from_engine_args(None, cpu_isa="avx2")).get("ONEDNN_MAX_CPU_ISA") == "SSE41"
+
+
+def test_an_in_process_engine_says_when_torchs_libraries_stay_above_the_override(
+        tiny_llama_dir, installed_paths, caplog):
+    from actorserve import LLM
+
+    torch.ones(4, 4, dtype=torch.bfloat16) @ torch.ones(4, 4, dtype=torch.bfloat16)  # this process's libraries are set
+    with caplog.at_level("WARNING", logger="actorserve"):
+        LLM(str(tiny_llama_dir), cpu_isa="generic", skip_tokenizer_init=True, kv_cache_memory=4 << 20)
+    above = capability.libraries_above("generic")
+    warned = [r.getMessage() for r in caplog.records if "emulate the lesser CPU whole" in r.getMessage()]
+    assert bool(warned) == bool(above)
+    if above:
+        assert "ATEN_CPU_CAPABILITY=default" in warned[0]
 
 
 def test_paths_are_a_frozen_value():

@@ -43,19 +43,49 @@ def test_dequant_rows_matches_the_reference(m, n, with_bias):
                        int8.dequant_ref(acc, sx, sw, bias, torch.bfloat16))
 
 
-@pytest.mark.parametrize("int_mm", [True, False])
-def test_the_int32_product_is_exact_with_and_without_int_mm(int_mm, monkeypatch):
-    if int_mm and not int8.int_mm_available():
+@pytest.mark.parametrize("product", ["int_mm", "split", "int32"])
+@pytest.mark.parametrize("m", [1, 37])
+def test_the_int32_product_is_exact_in_every_form(product, m, monkeypatch):
+    """One ``_int_mm`` (where the gate says it is exact), the weight in two parts (where one would saturate:
+    oneDNN without VNNI), or torch's int32 product; values at the ends of the range, which saturate."""
+    if product != "int32" and not int8.int_mm_available():
         pytest.skip("torch._int_mm does not run here")
-    monkeypatch.setattr(int8, "int_mm_available", lambda: int_mm)
+    if product == "int_mm" and not int8.int_mm_exact():
+        pytest.skip("one torch._int_mm saturates on this CPU (no VNNI)")
+    monkeypatch.setattr(int8, "int_mm_available", lambda: product != "int32")
+    monkeypatch.setattr(int8, "int_mm_exact", lambda: product == "int_mm")
     g = torch.Generator().manual_seed(2)
-    a = torch.randint(-127, 128, (37, 1536), generator=g, dtype=torch.int8)
+    a = torch.randint(-127, 128, (m, 1536), generator=g, dtype=torch.int8)
+    a[0, :64] = 127
     w = torch.randint(-127, 128, (200, 1536), generator=g, dtype=torch.int8)
     w[:, 0] = 127  # every channel reaches the full range: scale 1, the int8 weight is w itself
+    w[:8, :64] = 127  # 255 x 127 twice, after oneDNN's shift of a to unsigned bytes: past int16
     weight = int8.Int8Weight(w.float())
+    assert (weight.halves is not None) == (product == "split")
     assert torch.equal(weight.q_t.t(), w)
-    acc, _ = weight.product_quantized(a, torch.ones(37))
+    acc, _ = weight.product_quantized(a, torch.ones(m))
     assert acc.dtype == torch.int32 and torch.equal(acc.long(), a.long() @ w.t().long())
+
+
+def test_the_split_parts_are_narrow_and_exact():
+    q = torch.arange(-127, 128, dtype=torch.int8)
+    hi, lo = int8.split(q)
+    assert torch.equal(hi.int() * int8.SPLIT + lo.int(), q.int())
+    assert lo.abs().max() <= int8.SPLIT // 2 and hi.abs().max() <= 2
+
+
+def test_the_exactness_probe_sees_what_the_gate_says():
+    from actorserve.kernels import capability
+
+    if not int8.int_mm_available():
+        pytest.skip("torch._int_mm does not run here")
+    paths = capability.current()
+    if paths.isa == paths.hardware_isa:  # no override: the gate is the probe of this process's oneDNN
+        assert paths.int_mm_exact == capability._int_mm_exact()
+    a = torch.full((32, 64), 127, dtype=torch.int8)
+    exact = torch.equal(torch._int_mm(a, a.t().contiguous()), torch.full((32, 32), 64 * 127 * 127, dtype=torch.int32))
+    if not exact:  # this process's oneDNN saturates (no VNNI, or held below it): the gate must know
+        assert not paths.int_mm_exact
 
 
 @pytest.mark.parametrize("m", [1, 5, 64, 300])
