@@ -18,7 +18,9 @@ with our thread count, its multi-sequence decode for the batched ones (bench/lla
 its greedy tokens are compared with ours; the resident memory after load of ``LLM()`` and of llama.cpp,
 each in a fresh process with its KV cache out of the count, is measured too. llama.cpp is the build
 llama-cpp-python loads: its wheel's, or the one at ``LLAMA_CPP_LIB_PATH`` (bench/llama_cpp_avx2.sh builds
-the AVX2 one, the peer of our AVX2 paths); the instruction sets it uses are printed and recorded. Prints a
+the AVX2 one, the peer of our AVX2 paths); the instruction sets it uses are printed and recorded. Under
+``ACTORSERVE_CPU_ISA`` torch's own libraries (oneDNN, MKL, ATen) are held at that level too, for both
+engines, as on a CPU of that level. Prints a
 table of ratios and writes bench/results/compare_hf_<dtype>[_<quantizations>]_vs_<hf dtype>[_llama_cpp]
 [_isa_<ACTORSERVE_CPU_ISA>].json.
 """
@@ -35,6 +37,7 @@ from pathlib import Path
 import torch
 
 from actorserve import LLM, SamplingParams
+from actorserve.kernels import capability
 from actorserve.runtime.config import QUANT_METHOD_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,6 +137,7 @@ def main() -> None:
     ap.add_argument("--llama-cpp", action="store_true", help="llama.cpp on the same GGUF too")
     args = ap.parse_args()
     hf_dtype = args.hf_dtype or args.dtype
+    libraries = capability.hold_libraries(os.environ.get("ACTORSERVE_CPU_ISA"))  # before anything computes
     data = json.loads(PROMPTS.read_text())
     # 2 GiB of KV cache holds all 256 offline sequences at full length (1.5 GB for SmolLM2 in bf16); with 1 GiB
     # a third of them waited or were preempted, and the offline figure measured the cache, not the engine
@@ -209,7 +213,9 @@ def main() -> None:
     (out / f"compare_hf_{args.dtype}{suffix}_vs_{hf_dtype}.json").write_text(
         json.dumps({"dtype": args.dtype, "hf_dtype": hf_dtype, "quantization": args.quantization, "rows": rows,
                     "memory": memory, "threads": torch.get_num_threads(),
-                    "cpu_isa": isa or "native", "llama_cpp_build": llama_cpp_build}, indent=1))
+                    "cpu_isa": isa or "native", "library_env": libraries, "llama_cpp_build": llama_cpp_build},
+                   indent=1))
+
 
 
 def _default_gguf() -> str:

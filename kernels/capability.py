@@ -240,3 +240,20 @@ def current() -> CpuPaths:
 
         _Installed.paths = DeviceConfig().resolve()
     return _Installed.paths
+
+
+def hold_libraries(isa: Optional[str]) -> dict[str, str]:
+    """For a benchmark process under ``ACTORSERVE_CPU_ISA``: torch's libraries held at that level too, in
+    this process (before anything computes) and the ones it starts, so that the lesser CPU is emulated
+    whole, peers included. Returns the variables in force; raises where a library already runs above."""
+    import os
+
+    if isa is None:
+        return {}
+    env = library_env(isa, hardware_features().isa)
+    for name, value in env.items():
+        os.environ.setdefault(name, value)
+    above = libraries_above(isa)
+    if above:
+        raise RuntimeError(f"ACTORSERVE_CPU_ISA={isa}: torch's {' and '.join(above)} already run above it")
+    return {name: os.environ[name] for name in env}

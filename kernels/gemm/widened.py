@@ -7,7 +7,8 @@ multiplies bf16 matrices in a scalar loop, several times slower than its fp32 GE
 same values, rounded to bf16 once, as oneDNN's bf16 GEMM (fp32 accumulation) would round it. The weight is
 widened per call, a slab of output rows at a time, so that the fp32 copy stays small: holding one for
 the whole model would double the memory that bf16 is chosen to save. Few-row products stay on the skinny
-kernel, which reads the bf16 weight as it is (the gate in ``kernels.gemm.linear`` asks it first).
+kernel, which reads the bf16 weight as it is (the gate in ``kernels.gemm.linear`` asks it first), and
+below ``MIN_ROWS`` on torch.
 """
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ import torch
 from actorserve.kernels import capability
 
 SLAB_ELEMENTS = 1 << 20  # weight values widened at a time: 4 MiB of fp32
+# Below this many rows, widening the whole weight costs more than torch's scalar loop saves (where the
+# skinny kernel is not built: a CPU below AVX2)
+MIN_ROWS = 4
 
 
 def available() -> bool:
@@ -28,7 +32,8 @@ def available() -> bool:
 def applies(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> bool:
     return (x.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16 and x.device.type == "cpu"
             and weight.device.type == "cpu" and weight.dim() == 2 and x.dim() >= 1
-            and x.shape[-1] == weight.shape[1] and (bias is None or bias.dtype == torch.bfloat16)
+            and x.shape[-1] == weight.shape[1] and x.numel() >= MIN_ROWS * x.shape[-1]
+            and (bias is None or bias.dtype == torch.bfloat16)
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
             and available())
 

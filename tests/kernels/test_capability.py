@@ -123,19 +123,25 @@ def test_library_env_only_ever_lowers_torchs_libraries():
 
 
 @pytest.mark.skipif(capability.hardware_features().isa != "avx512", reason="needs a CPU above AVX2")
-def test_a_process_started_with_library_env_runs_torch_at_that_level():
+def test_a_process_holding_its_libraries_runs_torch_at_that_level():
     """What the variables do: torch's vectorised operators at AVX2 and no oneDNN bf16 GEMM, as on an
-    AVX2-only CPU (with them, oneDNN kept its AVX-512 bf16 GEMM under the override alone)."""
+    AVX2-only CPU (under the override alone, oneDNN kept its AVX-512 bf16 GEMM); and a process that has
+    computed already cannot be held, which is said, not ignored."""
     import os
     import subprocess
     import sys
 
-    probe = "import torch; print(torch.backends.cpu.get_cpu_capability(), torch.ops.mkldnn._is_mkldnn_bf16_supported())"
+    probe = ("import torch\n{before}\nfrom actorserve.kernels import capability\n"
+             "print(capability.hold_libraries('avx2'))\n"
+             "print(torch.backends.cpu.get_cpu_capability(), torch.ops.mkldnn._is_mkldnn_bf16_supported())")
     env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
                                                            "ATEN_CPU_CAPABILITY")}
-    capped = subprocess.run([sys.executable, "-c", probe], env={**env, **capability.library_env("avx2", "avx512")},
-                            capture_output=True, text=True, check=True).stdout.split()
-    assert capped == ["AVX2", "False"]
+    held = subprocess.run([sys.executable, "-c", probe.format(before="")], env=env, capture_output=True,
+                          text=True, check=True).stdout.splitlines()
+    assert held == [str(capability.library_env("avx2", "avx512")), "AVX2 False"]
+    late = subprocess.run([sys.executable, "-c", probe.format(before="torch.ones(2, 2) + 1")], env=env,
+                          capture_output=True, text=True)
+    assert late.returncode != 0 and "already run above it" in late.stderr
 
 
 def test_children_start_with_torchs_libraries_at_the_override(monkeypatch):

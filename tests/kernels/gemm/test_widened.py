@@ -21,7 +21,7 @@ def _case(m, k, n, bias, seed=0):
 
 
 @pytest.mark.parametrize("m,k,n,bias,slab", [
-    (64, 576, 1536, False, None), (33, 100, 37, True, 1000), (9, 64, 300, True, 64 * 7), (1, 16, 5, False, 1)])
+    (64, 576, 1536, False, None), (33, 100, 37, True, 1000), (9, 64, 300, True, 64 * 7), (4, 16, 5, False, 1)])
 def test_matches_fp64_product_within_one_bf16_rounding(m, k, n, bias, slab, monkeypatch):
     if slab is not None:  # slabs narrower than the weight, one of them ragged
         monkeypatch.setattr(widened, "SLAB_ELEMENTS", slab)
@@ -56,8 +56,10 @@ def test_without_a_bf16_gemm_bf16_products_past_the_skinny_kernel_are_widened(no
     linear(x, w, b)
     assert calls == [x.shape]
     linear(x.float(), w.float(), b.float())  # fp32 stays on torch
-    linear(x[:1], w, b)  # few rows: the skinny kernel where it is built, else widened too
-    assert len(calls) == (1 if skinny.applies(x[:1], w, b) else 2)
+    linear(x[:widened.MIN_ROWS - 1], w, b)  # too few rows to repay the widening: the skinny kernel, or torch
+    assert calls == [x.shape]
+    linear(x[:widened.MIN_ROWS], w, b)  # the skinny kernel where it is built, else widened
+    assert len(calls) == (1 if skinny.applies(x[:widened.MIN_ROWS], w, b) else 2)
 
 
 def test_with_a_bf16_gemm_nothing_is_widened():
