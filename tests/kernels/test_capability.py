@@ -160,11 +160,17 @@ def test_children_start_with_torchs_libraries_at_the_override(monkeypatch):
 
 def test_an_in_process_engine_says_when_torchs_libraries_stay_above_the_override(
         tiny_llama_dir, installed_paths, caplog):
+    import logging
+
     from actorserve import LLM
 
     torch.ones(4, 4, dtype=torch.bfloat16) @ torch.ones(4, 4, dtype=torch.bfloat16)  # this process's libraries are set
-    with caplog.at_level("WARNING", logger="actorserve"):
+    logger = logging.getLogger("actorserve")  # its own handler does not propagate: caplog's is added to it
+    logger.addHandler(caplog.handler)
+    try:
         LLM(str(tiny_llama_dir), cpu_isa="generic", skip_tokenizer_init=True, kv_cache_memory=4 << 20)
+    finally:
+        logger.removeHandler(caplog.handler)
     above = capability.libraries_above("generic")
     warned = [r.getMessage() for r in caplog.records if "emulate the lesser CPU whole" in r.getMessage()]
     assert bool(warned) == bool(above)
