@@ -22,8 +22,9 @@ Each path has its own predicate, so that one missing instruction switches off on
   bytes, and without a 4-way integer dot (AVX-512 VNNI, AVX-VNNI, AMX) it adds pairs of byte products in
   16 bits with saturation (``vpmaddubsw``): 255 x 127 twice does not fit, and the sums come out wrong. So
   it is checked on values that saturate, and under the override it holds only with VNNI in the masked
-  features. Without it the int8 layers split each weight into two parts narrow enough not to saturate
-  (``kernels.gemm.int8``): two products, the same integers.
+  features. Without it the int8 layers take their own C product, which cannot saturate, or where the C
+  kernels are off split each weight into two parts narrow enough for oneDNN (``kernels.gemm.int8``): the
+  same integers either way.
 - ``bf16_gemm``: oneDNN multiplies bf16 matrices on this CPU (torch's own test, as for prepacking, but
   with the C kernels on or off). Without it torch's bf16 product is a scalar loop, and bf16 products of
   more rows than the skinny kernel takes are widened to fp32 instead (``kernels.gemm.widened``).

@@ -11,10 +11,12 @@ here; vLLM's compressed-tensors W8A8 with dynamic per-token activation scales):
 
 The product itself is ``torch._int_mm`` (oneDNN's s8s8s32 GEMM; an int32 torch product where that does
 not run). Without VNNI, oneDNN's integer sums saturate (``capability.CpuPaths.int_mm_exact``), so there
-each weight is held as two parts, w = 64 * hi + lo with lo in [-32, 31] and hi in [-2, 2], each narrow
-enough not to saturate, and the product is ``64 * (x_q @ hi) + x_q @ lo``: the same integers, from two
-products. The two row passes around the product are ``int8_bf16.c`` for bf16 activations, with the torch
-sequences below as their reference and fallback. It is an approximation of the model (about 7 bits per
+the product is ``int8_product`` of ``int8_bf16.c``, which puts the weight's signs on the activations so
+that no sum saturates; and where the C kernels are off too, each weight is held as two parts,
+w = 64 * hi + lo with lo in [-32, 31] and hi in [-2, 2], each narrow enough for oneDNN, and the product
+is ``64 * (x_q @ hi) + x_q @ lo``. All three give the same integers. The two row passes around the
+product are ``int8_bf16.c`` for bf16 activations, with the torch sequences below as their reference and
+fallback. It is an approximation of the model (about 7 bits per
 activation), which is why it is opt-in: greedy tokens follow the fp32 engine's for a median of 12 of 64
 tokens on the benchmark prompts, bf16's for 17 (``tests/kernels/gemm/test_int8.py`` bounds the products'
 and a layer's error). The lm_head stays in the model's dtype, as in vLLM, since its rows are what the
@@ -42,6 +44,7 @@ _library = CpuKernelLibrary(SOURCE, {
     "silu_mul_quantize_rows": (ctypes.c_int, [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 2 + [ctypes.c_int]),
     "dequant_add_norm_quantize_rows": (ctypes.c_int, [ctypes.c_void_p] * 7 + [ctypes.c_float] + [ctypes.c_void_p] * 2
                                        + [ctypes.c_int64] * 2 + [ctypes.c_int]),
+    "int8_product": (None, [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]),
 })
 
 
@@ -195,7 +198,8 @@ class Int8Weight:
         # Where one _int_mm would saturate, only the two parts are held (``split``).
         self.halves: Optional[tuple[torch.Tensor, torch.Tensor]] = None
         self._q_t: Optional[torch.Tensor] = q.t()
-        if int_mm_available() and not int_mm_exact():
+        self._own_product = not int_mm_exact() and kernels_available()
+        if int_mm_available() and not int_mm_exact() and not self._own_product:
             hi, lo = split(q)
             self.halves, self._q_t = (hi.t(), lo.t()), None
 
@@ -208,6 +212,13 @@ class Int8Weight:
         return (hi.to(torch.int16) * SPLIT + lo).to(torch.int8)
 
     def _int_mm(self, q: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if self._own_product:
+            rows = q.shape[0]
+            acc = out if out is not None else torch.empty(rows, self.out_features, dtype=torch.int32)
+            call("actorserve::int8_product", _library.get().int8_product, q.contiguous().data_ptr(),
+                 self._q_t.data_ptr(), acc.data_ptr(), rows, self.out_features, self.in_features,
+                 torch.get_num_threads())
+            return acc
         if self.halves is None:
             return torch._int_mm(q, self._q_t, out=out)
         hi, lo = self.halves
@@ -234,7 +245,7 @@ class Int8Weight:
                              f"{tuple(q.shape)} and {tuple(sx.shape)}")
         if q.shape[0] == 0:
             return torch.empty(0, self.out_features, dtype=torch.int32), sx
-        if int_mm_available():
+        if int_mm_available() or self._own_product:
             return self._int_mm(q), sx
         return torch.mm(q.to(torch.int32), self.q_t.to(torch.int32)), sx
 

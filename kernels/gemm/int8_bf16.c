@@ -131,3 +131,71 @@ int dequant_add_norm_quantize_rows(const int32_t *acc, const float *sx, const fl
     }
     return failed ? -1 : 0;
 }
+
+/* acc[M, N] = q[M, K] . w[N, K]^T in int32, exactly, for the CPUs whose int8 product (oneDNN's) would
+ * saturate: without a 4-way integer dot, byte products are summed in pairs in 16 bits (vpmaddubsw), and
+ * oneDNN's shift of q to unsigned bytes lets a pair reach 2 x 255 x 127. Here the sign of w goes onto q
+ * instead (vpsignb), so each pair is |w| x (+-q) with both in [0, 127] and [-127, 127]: at most
+ * 2 x 127 x 127, which fits. Both q and w must lie in [-127, 127] (the quantizers clamp there). Blocks of
+ * BLOCK rows of w are read once and reused, from L1, for every row of q. AVX2 instructions, in either
+ * build. */
+#define I8_BLOCK 4
+
+static inline int32_t hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+static inline __m256i dot32(__m256i acc, __m256i w, __m256i x, __m256i ones) {
+    const __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, ones));
+}
+
+static void int8_rows(const int8_t *q, const int8_t *w, int32_t *acc, int64_t ld, int64_t M, int64_t K,
+                      int64_t n0, int64_t n1) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int64_t full = K / 32 * 32;
+    for (int64_t n = n0; n < n1; n += I8_BLOCK) {
+        const int64_t nr = n1 - n < I8_BLOCK ? n1 - n : I8_BLOCK;
+        const int8_t *wn = w + n * K;
+        for (int64_t m = 0; m < M; m++) {
+            const int8_t *qm = q + m * K;
+            __m256i a[I8_BLOCK];
+            for (int r = 0; r < I8_BLOCK; r++) a[r] = _mm256_setzero_si256();
+            if (nr == I8_BLOCK) {
+                for (int64_t k = 0; k < full; k += 32) {
+                    const __m256i x = _mm256_loadu_si256((const __m256i *)(qm + k));
+#pragma GCC unroll 4
+                    for (int r = 0; r < I8_BLOCK; r++)
+                        a[r] = dot32(a[r], _mm256_loadu_si256((const __m256i *)(wn + r * K + k)), x, ones);
+                }
+            } else {
+                for (int64_t k = 0; k < full; k += 32) {
+                    const __m256i x = _mm256_loadu_si256((const __m256i *)(qm + k));
+                    for (int64_t r = 0; r < nr; r++)
+                        a[r] = dot32(a[r], _mm256_loadu_si256((const __m256i *)(wn + r * K + k)), x, ones);
+                }
+            }
+            for (int64_t r = 0; r < nr; r++) {
+                int32_t s = hsum_epi32(a[r]);
+                for (int64_t k = full; k < K; k++) s += (int32_t)qm[k] * (int32_t)wn[r * K + k];
+                acc[m * ld + n + r] = s;
+            }
+        }
+    }
+}
+
+void int8_product(const int8_t *q, const int8_t *w, int32_t *acc, int64_t M, int64_t N, int64_t K, int threads) {
+    if (threads < 2 || M * N * K < PAR_MIN_ELEMS * 16) {
+        int8_rows(q, w, acc, N, M, K, 0, N);
+        return;
+    }
+    const int64_t per = ((N + threads - 1) / threads + I8_BLOCK - 1) / I8_BLOCK * I8_BLOCK;
+#pragma omp parallel num_threads(threads)
+    {
+        const int64_t a = omp_get_thread_num() * per, b = a + per < N ? a + per : N;
+        if (a < b) int8_rows(q, w, acc, N, M, K, a, b);
+    }
+}

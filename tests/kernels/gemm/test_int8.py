@@ -43,23 +43,28 @@ def test_dequant_rows_matches_the_reference(m, n, with_bias):
                        int8.dequant_ref(acc, sx, sw, bias, torch.bfloat16))
 
 
-@pytest.mark.parametrize("product", ["int_mm", "split", "int32"])
-@pytest.mark.parametrize("m", [1, 37])
-def test_the_int32_product_is_exact_in_every_form(product, m, monkeypatch):
-    """One ``_int_mm`` (where the gate says it is exact), the weight in two parts (where one would saturate:
-    oneDNN without VNNI), or torch's int32 product; values at the ends of the range, which saturate."""
-    if product != "int32" and not int8.int_mm_available():
+@pytest.mark.parametrize("product", ["int_mm", "own", "split", "int32"])
+@pytest.mark.parametrize("m,k", [(1, 1536), (37, 1536), (5, 100)])
+def test_the_int32_product_is_exact_in_every_form(product, m, k, monkeypatch):
+    """One ``_int_mm`` (where the gate says it is exact); where it would saturate (oneDNN without VNNI) the
+    C product, or the weight in two parts; or torch's int32 product. Values at the ends of the range, which
+    saturate a 16-bit pair sum; K with a tail past the 32-byte vectors."""
+    if product in ("int_mm", "split") and not int8.int_mm_available():
         pytest.skip("torch._int_mm does not run here")
     if product == "int_mm" and not int8.int_mm_exact():
         pytest.skip("one torch._int_mm saturates on this CPU (no VNNI)")
-    monkeypatch.setattr(int8, "int_mm_available", lambda: product != "int32")
+    if product == "own" and not int8.kernels_available():
+        pytest.skip("needs AVX2 and a C compiler")
+    monkeypatch.setattr(int8, "int_mm_available", lambda: product in ("int_mm", "split"))
     monkeypatch.setattr(int8, "int_mm_exact", lambda: product == "int_mm")
+    monkeypatch.setattr(int8, "kernels_available", lambda: product == "own")
     g = torch.Generator().manual_seed(2)
-    a = torch.randint(-127, 128, (m, 1536), generator=g, dtype=torch.int8)
+    a = torch.randint(-127, 128, (m, k), generator=g, dtype=torch.int8)
     a[0, :64] = 127
-    w = torch.randint(-127, 128, (200, 1536), generator=g, dtype=torch.int8)
+    w = torch.randint(-127, 128, (200, k), generator=g, dtype=torch.int8)
     w[:, 0] = 127  # every channel reaches the full range: scale 1, the int8 weight is w itself
     w[:8, :64] = 127  # 255 x 127 twice, after oneDNN's shift of a to unsigned bytes: past int16
+    w[8:16, :64] = -127
     weight = int8.Int8Weight(w.float())
     assert (weight.halves is not None) == (product == "split")
     assert torch.equal(weight.q_t.t(), w)
