@@ -4,7 +4,7 @@ A decode step multiplies a handful of rows by every weight matrix, so it is boun
 oneDNN's bf16 path reads them well below the memory's bandwidth; ``skinny_bf16.c`` streams them faster
 (``bench/gemm_paths.py`` measures the paths side by side). Past about 8
 rows the product is bound by arithmetic and oneDNN's blocked GEMM is as fast or faster, so the gate sends
-only skinny products here. Where the weights are prepacked at load (``prepacked``, the default where torch
+only skinny products here (the larger ones go to oneDNN, or where it has no bf16 GEMM to ``widened``). Where the weights are prepacked at load (``prepacked``, the default where torch
 has oneDNN), that path is as fast at every size, so this kernel serves plain weights only. fp32 is left to
 torch: the fp32 default is the setting held exact against the reference, and a different summation order
 would break that.
