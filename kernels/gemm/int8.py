@@ -257,8 +257,9 @@ class Int8Weight:
 
     def rows_product(self, bias: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[RowsProduct]:
         """The product on rows the pass before it quantized, its integers left for the pass after it: where
-        ``torch._int_mm`` and the row passes run, in a bf16 model (the passes' dtype, a bias's too)."""
-        if (dtype != torch.bfloat16 or not (int_mm_available() and kernels_available())
+        an integer product (``torch._int_mm`` or ``int8_product``) and the row passes run, in a bf16 model
+        (the passes' dtype, a bias's too)."""
+        if (dtype != torch.bfloat16 or not (kernels_available() and (int_mm_available() or self._own_product))
                 or (bias is not None and bias.dtype != torch.bfloat16)):
             return None
         return RowsProduct(INT8, lambda q, acc: self._int_mm(q, out=acc), self.out_features, self.scale,
