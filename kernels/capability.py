@@ -125,19 +125,34 @@ def masked(features: CpuFeatures, override: Optional[str]) -> CpuFeatures:
                        avx_ne_convert=features.avx_ne_convert and override != "generic")
 
 
+def _onednn_says_bf16() -> Optional[bool]:
+    """torch's own test of oneDNN's bf16 support on this CPU, at the level oneDNN runs at in this process
+    (mkldnn_bf16_device_check); None where this torch has no oneDNN or no such test."""
+    import torch
+
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    if not torch.backends.mkldnn.is_available() or check is None:
+        return None
+    try:
+        return bool(check())
+    except RuntimeError:
+        return False
+
+
+def _bf16_gemm(features: CpuFeatures) -> bool:
+    """oneDNN multiplies bf16 matrices: torch says so, and the masked features agree."""
+    import torch
+
+    return (torch.backends.mkldnn.is_available() and _onednn_says_bf16() is not False
+            and (features.isa == "avx512" or features.avx_ne_convert))
+
+
 def _onednn_bf16(features: CpuFeatures) -> bool:
     """torch's own test for bf16 weights in oneDNN (mkldnn_bf16_device_check), on the masked features."""
     import torch
 
-    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
-        return False
-    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
-    try:
-        torch_says = bool(check()) if check is not None else True
-    except RuntimeError:
-        torch_says = False
-    return torch_says and (features.isa == "avx512" or features.avx_ne_convert)
+    return (hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+            and _bf16_gemm(features))
 
 
 def _int_mm_runs() -> bool:
@@ -188,7 +203,7 @@ def detect(isa_override: Optional[str] = None, kernels_enabled: bool = True) -> 
                     q8_isa=q8_isa(seen) if kernels_enabled else None,
                     prepacked_bf16=kernels_enabled and _onednn_bf16(seen),
                     int_mm=int_mm, int_mm_exact=int_mm and _int_mm_exact() and (seen == real or seen.avx512_vnni),
-                    bf16_gemm=_onednn_bf16(seen))
+                    bf16_gemm=_bf16_gemm(seen))
 
 
 # The variables that hold each of torch's libraries at a level, read once by each at its first use
@@ -215,12 +230,8 @@ def libraries_above(isa: str) -> list[str]:
     aten = torch.backends.cpu.get_cpu_capability().lower()
     if ISAS.index(isa) < ISAS.index("avx512") and aten.startswith("avx512") or isa == "generic" and aten != "default":
         above.append(f"ATen ({aten})")
-    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
-    try:
-        if isa != "avx512" and torch.backends.mkldnn.is_available() and check is not None and bool(check()):
-            above.append("oneDNN (bf16 GEMM)")
-    except RuntimeError:
-        pass
+    if isa != "avx512" and _onednn_says_bf16():
+        above.append("oneDNN (bf16 GEMM)")
     return above
 
 
