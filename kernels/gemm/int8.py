@@ -16,11 +16,10 @@ that no sum saturates; and where the C kernels are off too, each weight is held 
 w = 64 * hi + lo with lo in [-32, 31] and hi in [-2, 2], each narrow enough for oneDNN, and the product
 is ``64 * (x_q @ hi) + x_q @ lo``. All three give the same integers. The two row passes around the
 product are ``int8_bf16.c`` for bf16 activations, with the torch sequences below as their reference and
-fallback. It is an approximation of the model (about 7 bits per
-activation), which is why it is opt-in: greedy tokens follow the fp32 engine's for a median of 12 of 64
-tokens on the benchmark prompts, bf16's for 17 (``tests/kernels/gemm/test_int8.py`` bounds the products'
-and a layer's error). The lm_head stays in the model's dtype, as in vLLM, since its rows are what the
-sampler ranks.
+fallback. It is an approximation of the model (about 7 bits per activation), which is why it is opt-in:
+greedy tokens follow the fp32 engine's for a median of 12 of 64 tokens on the benchmark prompts, bf16's
+for 17 (``tests/kernels/gemm/test_int8.py`` bounds the products' and a layer's error). The lm_head stays
+in the model's dtype, as in vLLM, since its rows are what the sampler ranks.
 """
 from __future__ import annotations
 
@@ -195,7 +194,8 @@ class Int8Weight:
         self.out_features, self.in_features = weight.shape
         q, self.scale = quantize_ref(weight.detach())
         # _int_mm takes [K, N]; the transposed view of [N, K] rows is oneDNN's faster layout at few rows.
-        # Where one _int_mm would saturate, only the two parts are held (``split``).
+        # Where one _int_mm would saturate, the C product takes the same [N, K] rows; without the C kernels
+        # only the two parts are held (``split``).
         self.halves: Optional[tuple[torch.Tensor, torch.Tensor]] = None
         self._q_t: Optional[torch.Tensor] = q.t()
         self._own_product = not int_mm_exact() and kernels_available()
@@ -214,11 +214,12 @@ class Int8Weight:
     def _int_mm(self, q: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         if self._own_product:
             rows = q.shape[0]
-            acc = out if out is not None else torch.empty(rows, self.out_features, dtype=torch.int32)
+            acc = out if out is not None and out.is_contiguous() else torch.empty(
+                rows, self.out_features, dtype=torch.int32)
             call("actorserve::int8_product", _library.get().int8_product, q.contiguous().data_ptr(),
                  self._q_t.data_ptr(), acc.data_ptr(), rows, self.out_features, self.in_features,
                  torch.get_num_threads())
-            return acc
+            return out.copy_(acc) if out is not None and out is not acc else acc
         if self.halves is None:
             return torch._int_mm(q, self._q_t, out=out)
         hi, lo = self.halves

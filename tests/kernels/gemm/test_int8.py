@@ -72,6 +72,20 @@ def test_the_int32_product_is_exact_in_every_form(product, m, k, monkeypatch):
     assert acc.dtype == torch.int32 and torch.equal(acc.long(), a.long() @ w.t().long())
 
 
+def test_the_c_product_writes_into_a_given_buffer_strided_or_not(monkeypatch):
+    if not int8.kernels_available():
+        pytest.skip("needs AVX2 and a C compiler")
+    monkeypatch.setattr(int8, "int_mm_exact", lambda: False)
+    g = torch.Generator().manual_seed(3)
+    a = torch.randint(-127, 128, (6, 96), generator=g, dtype=torch.int8)
+    w = torch.randint(-127, 128, (40, 96), generator=g, dtype=torch.int8)
+    w[:, 0] = 127
+    weight = int8.Int8Weight(w.float())
+    want = a.int() @ w.t().int()
+    for out in (torch.empty(6, 40, dtype=torch.int32), torch.empty(6, 80, dtype=torch.int32)[:, ::2]):
+        assert weight._int_mm(a, out=out) is out and torch.equal(out, want)
+
+
 def test_the_split_parts_are_narrow_and_exact():
     q = torch.arange(-127, 128, dtype=torch.int8)
     hi, lo = int8.split(q)
