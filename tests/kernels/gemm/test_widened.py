@@ -10,14 +10,7 @@ from torch.nn import functional as F
 
 from actorserve.kernels import capability
 from actorserve.kernels.gemm import linear, skinny, widened
-
-
-def _case(m, k, n, bias, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, k, generator=g).bfloat16()
-    w = (torch.randn(n, k, generator=g) / k ** 0.5).bfloat16()
-    b = torch.randn(n, generator=g).bfloat16() if bias else None
-    return x, w, b
+from tests.kernels.gemm.test_skinny import _case  # bf16 rows, a weight scaled by 1/sqrt(k), a bias
 
 
 @pytest.mark.parametrize("m,k,n,bias,slab", [
