@@ -217,7 +217,6 @@ def main() -> None:
                    indent=1))
 
 
-
 def _default_gguf() -> str:
     from actorserve.runtime.model.loader import resolve_model_path
 

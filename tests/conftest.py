@@ -10,8 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from actorserve.kernels import capability
+
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT.parent / "shared" / "reference"
+
+# Under ACTORSERVE_CPU_ISA (make test-isa), torch's own libraries at that level too, before any test
+# computes: the tests, their torch references and the processes they start see the lesser CPU whole.
+capability.hold_libraries(os.environ.get("ACTORSERVE_CPU_ISA"))
 
 # No test may hang the suite: past its limit a test fails with every thread's stack on stderr (its
 # finally blocks still stop what it started), and a test that cannot be interrupted there (stuck in a
