@@ -10,19 +10,19 @@
 #include <omp.h>
 #include <stdlib.h>
 
+#include "../prefetch.h"
 #include "../simd.h"
 
 #define MAX_G 16
 #define MAX_D 256
 
-/* The next block of a sequence lies anywhere in the pool, where the hardware prefetcher does not look:
- * fetching the one after next while this block is read made the kernel 1.5-1.9x as fast on shuffled
- * blocks (and about 1.2x on contiguous ones). */
+/* The next block of a sequence lies anywhere in the pool, where the hardware prefetcher does not look, so
+ * the one after next is fetched while this block is read (faster on contiguous blocks too). */
 #ifndef AHEAD
 #define AHEAD 2 /* blocks fetched ahead of the one being read */
 #endif
-static inline void prefetch_block(const elem *p, int64_t elems) {
-    for (int64_t i = 0; i < elems; i += 64 / (int64_t)sizeof(elem)) _mm_prefetch((const char *)(p + i), _MM_HINT_T0);
+static inline __attribute__((always_inline)) void prefetch_block(const elem *p, int64_t elems) {
+    prefetch_lines(p, elems * (int64_t)sizeof(elem));
 }
 
 /* One (sequence, KV head). Inlined into clones with G and D constant (``one_fixed``), so that the loops

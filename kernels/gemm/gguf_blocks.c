@@ -22,6 +22,7 @@
  */
 #include <omp.h>
 
+#include "../prefetch.h"
 #include "../simd.h"
 
 enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 }; /* ggml's type numbers */
@@ -151,8 +152,10 @@ static inline __attribute__((always_inline)) void rows_impl(
         int64_t K, int64_t n0, int64_t n1) {
     const int64_t qk = block_values(type), per = qk / SUB, subs = K / SUB, bytes = block_bytes(type);
     const int64_t row_bytes = K / qk * bytes, NB = VL == 16 && M >= 6 ? 2 : 1;
+    const uint8_t *const end = w + n1 * row_bytes; /* of this call's rows */
     int64_t n = n0;
     for (; M >= 6 && n + NB <= n1; n += NB) {
+        prefetch_stream(w + n * row_bytes, NB * row_bytes, end);
         vf acc[MAX_ROWS][2];
         for (int64_t m = 0; m < M; m++) acc[m][0] = acc[m][1] = vzero();
         for (int64_t sb = 0; sb < subs; sb++) {
@@ -170,6 +173,7 @@ static inline __attribute__((always_inline)) void rows_impl(
     }
     for (; n < n1; n++) {
         const uint8_t *wr = w + n * row_bytes;
+        prefetch_stream(wr, row_bytes, end);
         vf acc[MAX_ROWS][2][SUB / VL];
         for (int64_t m = 0; m < M; m++)
             for (int p = 0; p < 2; p++)

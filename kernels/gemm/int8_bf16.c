@@ -12,6 +12,7 @@
 #include <omp.h>
 #include <stdlib.h>
 
+#include "../prefetch.h"
 #include "../simd.h"
 
 #define PAR_MIN_ELEMS 65536 /* below this one thread does the rows: a parallel region costs more */
@@ -160,6 +161,7 @@ static void int8_rows(const int8_t *q, const int8_t *w, int32_t *acc, int64_t ld
     for (int64_t n = n0; n < n1; n += I8_BLOCK) {
         const int64_t nr = n1 - n < I8_BLOCK ? n1 - n : I8_BLOCK;
         const int8_t *wn = w + n * K;
+        prefetch_stream(wn, nr * K, w + n1 * K);
         for (int64_t m = 0; m < M; m++) {
             const int8_t *qm = q + m * K;
             __m256i a[I8_BLOCK];
