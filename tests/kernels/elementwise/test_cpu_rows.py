@@ -4,8 +4,8 @@ so a row's result does not depend on the batch around it."""
 import pytest
 import torch
 
-from actorserve.kernels.elementwise import (add_rms_norm, cpu_rows, rms_norm, rms_norm_ref, rotary, rotary_ref, silu_mul,
-                                 silu_mul_ref)
+from actorserve.kernels.elementwise import (add_rms_norm, argmax, cpu_rows, rms_norm, rms_norm_ref, rotary, rotary_ref,
+                                            silu_mul, silu_mul_ref)
 
 pytestmark = pytest.mark.skipif(not cpu_rows.available(), reason="needs a CPU with AVX2 and a C compiler")
 
@@ -88,14 +88,30 @@ def test_rotary_matches_torch_on_strided_rows(t, heads, d):
     assert torch.equal(rotary(xf, tf), rotary_ref(xf, tf))  # two products and a sum, rounded as torch does
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("rows,n", [(1, 1), (4, 15), (4, 16), (5, 17), (256, 49152)])
-def test_argmax_matches_torch(rows, n):
-    x = torch.randint(-3, 3, (rows, n), generator=torch.Generator().manual_seed(3)).bfloat16()  # many ties
+def test_argmax_matches_torch(rows, n, dtype):
+    if not cpu_rows.available(dtype):
+        pytest.skip(f"no C kernels for {dtype} here")
+    x = torch.randint(-3, 3, (rows, n), generator=torch.Generator().manual_seed(3)).to(dtype)  # many ties
     assert torch.equal(cpu_rows.argmax(x), x.argmax(dim=-1))
 
 
-def test_argmax_edge_values_match_torch():
-    x = torch.randn(8, 37, generator=torch.Generator().manual_seed(4)).bfloat16()
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_samplers_argmax_takes_the_c_pass(dtype, monkeypatch):
+    if not cpu_rows.available(dtype):
+        pytest.skip(f"no C kernels for {dtype} here")
+    taken = []
+    monkeypatch.setattr(cpu_rows, "argmax", lambda x, _c=cpu_rows.argmax: taken.append(x.dtype) or _c(x))
+    x = torch.randn(3, 1000, generator=torch.Generator().manual_seed(5)).to(dtype)
+    assert torch.equal(argmax(x), x.argmax(dim=-1)) and taken == [dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_argmax_edge_values_match_torch(dtype):
+    if not cpu_rows.available(dtype):
+        pytest.skip(f"no C kernels for {dtype} here")
+    x = torch.randn(8, 37, generator=torch.Generator().manual_seed(4)).to(dtype)
     x[0] = float("-inf")  # all -inf: index 0
     x[1, 5], x[1, 9] = float("nan"), float("nan")  # the first NaN wins
     x[2], x[2, 7] = -0.0, 0.0  # equal zeros: the first
