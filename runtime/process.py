@@ -58,15 +58,21 @@ class Child:
         return self.process.poll()
 
 
-def child_env(config: EngineConfig) -> dict[str, str]:
-    """A child's environment: this process's, with torch's libraries held at the level the capability
-    gates see (``capability.library_env``: a CPU override emulates the lesser CPU whole in the children)
-    where the caller has not set them, and this checkout on the path."""
-    env = dict(os.environ)
+def held_libraries(config: EngineConfig) -> dict[str, str]:
+    """The variables that start an engine process with torch's libraries held at the level the capability
+    gates see (``capability.library_env``: a CPU override emulates the lesser CPU whole in the engine's
+    processes, local children and Ray actors alike), less those the caller has set."""
     device = config.device
-    if device.cpu_paths is not None:
-        for name, value in library_env(device.cpu_isa, device.cpu_paths.hardware_isa).items():
-            env.setdefault(name, value)
+    if device.cpu_paths is None:
+        return {}
+    held = library_env(device.cpu_isa, device.cpu_paths.hardware_isa)
+    return {name: value for name, value in held.items() if name not in os.environ}
+
+
+def child_env(config: EngineConfig) -> dict[str, str]:
+    """A child's environment: this process's, with torch's libraries held (``held_libraries``), and this
+    checkout on the path."""
+    env = {**os.environ, **held_libraries(config)}
     if SOURCE_ROOT is not None:  # a checkout: the child imports the same actorserve as its launcher
         env["PYTHONPATH"] = os.pathsep.join(p for p in (SOURCE_ROOT, env.get("PYTHONPATH")) if p)
     return env

@@ -32,6 +32,7 @@ from actorserve import SOURCE_ROOT
 from actorserve.runtime.actors.addresses import Addresses
 from actorserve.runtime.config import EngineConfig
 from actorserve.runtime.errors import EngineStartError
+from actorserve.runtime.process import held_libraries
 
 log = logging.getLogger("actorserve.ray")
 
@@ -179,13 +180,14 @@ class RayEngine:
         dp = self.config.parallel.data_parallel_rank
         suffix = f"-dp{dp}" if dp else ""
         self._names = [f"worker{rank}{suffix}" for rank in range(self.size)] + [f"scheduler{suffix}"]
+        runtime_env = _runtime_env(held_libraries(self.config))
         for index, name in enumerate(self._names):
             stage = index < self.size  # the scheduler (last) goes in stage 0's bundle, asking for nothing
             strategy = PlacementGroupSchedulingStrategy(self.placement_group,
                                                         placement_group_bundle_index=index if stage else 0)
             share = {k: v / self.size if stage else 0 for k, v in self._reserved.items()}
             self._hosts.append(remote.options(num_cpus=share.get("CPU", 0), num_gpus=share.get("GPU", 0),
-                                              scheduling_strategy=strategy)
+                                              scheduling_strategy=strategy, runtime_env=runtime_env)
                                .remote(level, name))
         nodes = await _gather(ray, [h.node_ports.remote(4) for h in self._hosts])
         self._pids = dict(zip(self._names, await _gather(ray, [h.pid.remote() for h in self._hosts])))
@@ -330,9 +332,10 @@ async def _resources_back(ray, freed_to: dict[str, float], timeout: float) -> No
         await asyncio.sleep(0.02)
 
 
-def _runtime_env() -> Optional[dict]:
-    """A checkout's actors import the same actorserve as the launcher."""
-    if SOURCE_ROOT is None:
-        return None
-    path = os.pathsep.join(p for p in (SOURCE_ROOT, os.environ.get("PYTHONPATH")) if p)
-    return {"env_vars": {"PYTHONPATH": path}}
+def _runtime_env(env: Optional[dict[str, str]] = None) -> Optional[dict]:
+    """Ray's runtime environment for the engine's actors: ``env`` (torch's libraries held, for an actor's
+    own options), and a checkout's actors import the same actorserve as the launcher."""
+    env = dict(env or {})
+    if SOURCE_ROOT is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (SOURCE_ROOT, os.environ.get("PYTHONPATH")) if p)
+    return {"env_vars": env} if env else None

@@ -156,3 +156,31 @@ def test_sleep_mode_on_ray(cluster, reference):
             return await _text(engine)
 
     assert asyncio.run(run()) == reference
+
+
+def test_ray_actors_start_with_torchs_libraries_at_the_override(cluster, monkeypatch):
+    """A CPU override emulates the lesser CPU whole in the Ray actors too, as in local children: each
+    actor's process starts with the variables that hold oneDNN, MKL and ATen at the override's level."""
+    from actorserve.kernels import capability
+    from actorserve.runtime.config import EngineConfig
+
+    for name in ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY"):
+        monkeypatch.delenv(name, raising=False)
+    hardware = EngineConfig.from_engine_args(None, cpu_isa="generic").device.cpu_paths.hardware_isa
+    want = capability.library_env("generic", hardware)
+    if not want:
+        pytest.skip("this CPU is at the generic level already")
+
+    async def run() -> dict[str, dict[str, str]]:
+        async with AsyncEngine(None, **ARGS, cpu_isa="generic") as engine:
+            assert await _text(engine, params=SamplingParams(max_tokens=2, temperature=0))
+            envs = {}
+            for name, pid in engine.child_pids().items():
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+                envs[name] = {k: env.get(k.encode(), b"").decode() for k in want}
+            return envs
+
+    envs = asyncio.run(run())
+    assert sorted(envs) == ["scheduler", "worker0"] and all(env == want for env in envs.values())
+    assert _free_cpus() == 2.0

@@ -4,8 +4,8 @@ so a row's result does not depend on the batch around it."""
 import pytest
 import torch
 
-from actorserve.kernels.elementwise import (add_rms_norm, argmax, cpu_rows, rms_norm, rms_norm_ref, rotary, rotary_ref,
-                                            silu_mul, silu_mul_ref)
+from actorserve.kernels.elementwise import (argmax, cpu_rows, rms_norm, rms_norm_ref, rotary, rotary_ref, silu_mul,
+                                            silu_mul_ref)
 
 pytestmark = pytest.mark.skipif(not cpu_rows.available(), reason="needs a CPU with AVX2 and a C compiler")
 
