@@ -1,4 +1,4 @@
-/* Asking for memory before it is read. Every kernel that streams a weight or a cache includes this.
+/* Asking for memory before it is read: the helpers of the kernels that stream a weight or a cache.
  *
  * Always inlined: GCC (12, at -O1 and above) takes a small function whose only effect is a prefetch for
  * one without effects and deletes the calls to it where it is not inlined early, so a plain ``static

@@ -46,8 +46,8 @@ STREAMING = {  # the kernels that ask for the weight or cache they stream before
 @pytest.mark.parametrize("name", sorted(STREAMING))
 def test_streaming_kernels_keep_their_prefetches(name):
     """A prefetch has no effect the compiler must keep: GCC deleted the calls to a helper that only
-    prefetched, and the attention kernel's build held one of its seven. Inlined and unrolled, each place
-    in the source that asks gives at least one instruction in the library."""
+    prefetched, and the attention kernel's build held one prefetch for six calls. Inlined and unrolled,
+    each line of the source that asks gives at least one instruction in the library."""
     library = STREAMING[name]()
     lib = library.get()
     if lib is None:
