@@ -79,8 +79,7 @@ void ELEM(rotary)(const elem *x, int64_t row_stride, const elem *cos, const elem
 }
 
 /* First index of a row's largest value, as torch.argmax: a NaN counts as the largest (its first one wins),
- * and among equal values (0.0 and -0.0 too) the first index wins. Widening bf16 is exact and keeps order.
- * Lane indices are held as floats, exact below 2^24; a longer row is scanned one value at a time. */
+ * and among equal values (0.0 and -0.0 too) the first index wins. Widening bf16 is exact and keeps order. */
 static int64_t argmax_scalar(const elem *x, int64_t n) {
     int64_t at = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -91,35 +90,35 @@ static int64_t argmax_scalar(const elem *x, int64_t n) {
     return at;
 }
 
+/* Two passes over the row, which stays in cache between them: its largest value, kept in four maxima so
+ * that no load waits on the one before it (one running value and index, blended lane by lane, made each
+ * step wait on the last: slow where a blend is not a single instruction), then the first index holding
+ * that value. A row with a NaN is scanned one value at a time. */
 static int64_t argmax_row(const elem *x, int64_t n) {
-    if (n >= (1 << 24)) return argmax_scalar(x, n);
-    vf best = vset1(-INFINITY), best_i = vset1(-1.0f), idx = viota();
-    const vf none = vset1(-1.0f), step = vset1((float)VL);
+    const int64_t full = n / (4 * VL) * (4 * VL);
+    vf m[4] = {vset1(-INFINITY), vset1(-INFINITY), vset1(-INFINITY), vset1(-INFINITY)};
     vbool nan = vnone();
-    for (int64_t i = 0; i < n; i += VL) {
-        const vcount c = vtail(n, i);
-        const vbool in = vfirst(c);
-        const vf v = vload_e_n(x + i, c);
-        nan = vor(nan, vand(in, visnan(v)));
-        /* strictly greater, or the first -inf of a lane (best_i still -1): each lane keeps its first max */
-        const vbool take = vand(in, vor(vgt(v, best), veq(best_i, none)));
-        best = vblend(take, best, v);
-        best_i = vblend(take, best_i, idx);
-        idx = vadd(idx, step);
-    }
-    if (vany(nan)) return argmax_scalar(x, n);
-    float b[VL], bi[VL];
-    vstore(b, best);
-    vstore(bi, best_i);
-    /* lanes hold disjoint indices: the smallest index among the lanes at the top */
-    float top = -INFINITY;
-    int64_t at = -1;
-    for (int j = 0; j < VL; j++)
-        if (bi[j] >= 0.0f && (at < 0 || b[j] > top || (b[j] == top && (int64_t)bi[j] < at))) {
-            top = b[j];
-            at = (int64_t)bi[j];
+    for (int64_t i = 0; i < full; i += 4 * VL)
+        for (int k = 0; k < 4; k++) {
+            const vf v = vload_e(x + i + k * VL);
+            nan = vor(nan, visnan(v));
+            m[k] = vmax(m[k], v);
         }
-    return at < 0 ? 0 : at;
+    if (vany(nan)) return argmax_scalar(x, n);
+    float top = vmaxall(vmax(vmax(m[0], m[1]), vmax(m[2], m[3])));
+    for (int64_t i = full; i < n; i++) {
+        const float v = from_e(x[i]);
+        if (v != v) return argmax_scalar(x, n);
+        if (v > top) top = v;
+    }
+    const vf t = vset1(top);
+    for (int64_t i = 0; i < full; i += VL)
+        if (vany(veq(vload_e(x + i), t)))
+            for (int64_t j = i;; j++)
+                if (from_e(x[j]) == top) return j;
+    for (int64_t i = full; i < n; i++)
+        if (from_e(x[i]) == top) return i;
+    return 0;
 }
 
 /* x [rows, n] -> out [rows] int64. */
