@@ -69,13 +69,18 @@ def held_libraries(config: EngineConfig) -> dict[str, str]:
     return {name: value for name, value in held.items() if name not in os.environ}
 
 
+def checkout_path() -> dict[str, str]:
+    """Where actorserve runs from a checkout: the PYTHONPATH under which an engine process (a child or a Ray
+    actor) imports the same actorserve as its launcher; else nothing."""
+    if SOURCE_ROOT is None:
+        return {}
+    return {"PYTHONPATH": os.pathsep.join(p for p in (SOURCE_ROOT, os.environ.get("PYTHONPATH")) if p)}
+
+
 def child_env(config: EngineConfig) -> dict[str, str]:
     """A child's environment: this process's, with torch's libraries held (``held_libraries``), and this
-    checkout on the path."""
-    env = {**os.environ, **held_libraries(config)}
-    if SOURCE_ROOT is not None:  # a checkout: the child imports the same actorserve as its launcher
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (SOURCE_ROOT, env.get("PYTHONPATH")) if p)
-    return env
+    checkout on the path (``checkout_path``)."""
+    return {**os.environ, **held_libraries(config), **checkout_path()}
 
 
 def spawn(spec: ChildSpec) -> Child:

@@ -28,11 +28,10 @@ from typing import Callable, Optional
 
 import zmq.asyncio
 
-from actorserve import SOURCE_ROOT
 from actorserve.runtime.actors.addresses import Addresses
 from actorserve.runtime.config import EngineConfig
 from actorserve.runtime.errors import EngineStartError
-from actorserve.runtime.process import held_libraries
+from actorserve.runtime.process import checkout_path, held_libraries
 
 log = logging.getLogger("actorserve.ray")
 
@@ -334,8 +333,6 @@ async def _resources_back(ray, freed_to: dict[str, float], timeout: float) -> No
 
 def _runtime_env(env: Optional[dict[str, str]] = None) -> Optional[dict]:
     """Ray's runtime environment for the engine's actors: ``env`` (torch's libraries held, for an actor's
-    own options), and a checkout's actors import the same actorserve as the launcher."""
-    env = dict(env or {})
-    if SOURCE_ROOT is not None:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (SOURCE_ROOT, os.environ.get("PYTHONPATH")) if p)
+    own options), and a checkout's actors import the same actorserve as the launcher (``checkout_path``)."""
+    env = {**(env or {}), **checkout_path()}
     return {"env_vars": env} if env else None

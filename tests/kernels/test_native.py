@@ -34,11 +34,11 @@ def test_a_header_edit_rebuilds_and_a_missing_header_falls_back(tmp_path, monkey
 
 
 STREAMING = {  # the kernels that ask for the weight or cache they stream before reading it (kernels/prefetch.h)
-    "gguf_blocks": lambda: gguf._library,
-    "int8_bf16": lambda: int8._library,
-    "skinny_bf16": lambda: skinny._library,
-    "paged_attention bf16": lambda: cpu_decode._libraries[torch.bfloat16],
-    "paged_attention fp32": lambda: cpu_decode._libraries[torch.float32],
+    "gguf_blocks": gguf._library,
+    "int8_bf16": int8._library,
+    "skinny_bf16": skinny._library,
+    "paged_attention bf16": cpu_decode._libraries[torch.bfloat16],
+    "paged_attention fp32": cpu_decode._libraries[torch.float32],
 }
 
 
@@ -48,7 +48,7 @@ def test_streaming_kernels_keep_their_prefetches(name):
     """A prefetch has no effect the compiler must keep: GCC deleted the calls to a helper that only
     prefetched, and the attention kernel's build held one prefetch for six calls. Inlined and unrolled,
     each line of the source that asks gives at least one instruction in the library."""
-    library = STREAMING[name]()
+    library = STREAMING[name]
     lib = library.get()
     if lib is None:
         pytest.skip("the C kernels are off on this machine")
