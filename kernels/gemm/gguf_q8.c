@@ -25,6 +25,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../prefetch.h"
+
 enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 }; /* ggml's type numbers */
 #define QK 32   /* values a block */
 #define R 16    /* weight rows packed together */
@@ -185,6 +187,9 @@ static inline __attribute__((always_inline)) void block_dots(
         for (int m = 0; m < MM; m++) {
             s16[m] = _mm256_add_epi16(s16[m], _mm256_maddubs_epi16(lo, x4(xb[m] + 4 * c)));
             s16[m] = _mm256_add_epi16(s16[m], _mm256_maddubs_epi16(hi, x4(xb[m] + 16 + 4 * c)));
+            /* each row's sum taken here: left free, GCC computes all the block's products first, then adds
+             * them up, and spills most of them (AVX2 has 16 vector registers) */
+            __asm__("" : "+x"(s16[m]));
         }
     }
     const int32_t offset = type == Q4_0 ? 8 : 0;
@@ -193,10 +198,13 @@ static inline __attribute__((always_inline)) void block_dots(
 #endif
 }
 
-/* Rows [g0 * R, g1 * R) of y (at most N) for MM activation rows starting at row m0. */
+/* Rows [g0 * R, g1 * R) of y (at most N) for MM activation rows starting at row m0. Where ahead is set, the
+ * first half's pass asks for the records at ahead (the next group's) block by block, one group ahead of its
+ * reads: the weight streams from memory, and the hardware prefetcher alone leaves the loads waiting. */
 static inline __attribute__((always_inline)) void groups_mm(
         int type, const int8_t *xq, const float *xd, const int32_t *xsum, const float *xs, int MM, int64_t m0,
-        const uint8_t *w, const float *bias, float *y, int64_t ldy, int64_t N, int64_t K, int64_t g0, int64_t g1) {
+        const uint8_t *w, const float *bias, float *y, int64_t ldy, int64_t N, int64_t K, int64_t g0, int64_t g1,
+        const uint8_t *ahead) {
     const int64_t nb = K / QK, rec = record_bytes(type), sb = scale_bytes(type);
     const int8_t *xrow[MT];
     for (int64_t g = g0; g < g1; g++)
@@ -205,6 +213,7 @@ static inline __attribute__((always_inline)) void groups_mm(
             for (int m = 0; m < MM; m++) accf[m] = fzero();
             for (int64_t b = 0; b < nb; b++) {
                 const uint8_t *r = w + (g * nb + b) * rec;
+                if (ahead && h == 0) prefetch_lines(ahead + b * rec, rec);
                 for (int m = 0; m < MM; m++) xrow[m] = xq + (m0 + m) * K + b * QK;
                 vi acc[MT];
                 block_dots(type, r + sb, h, xrow, xsum + m0 * nb, nb, b, MM, acc);
@@ -236,12 +245,12 @@ static inline __attribute__((always_inline)) void groups_mm(
 
 /* The clones, one per type and activation-row count, so that the loops over rows unroll. */
 typedef void (*groups_fn)(const int8_t *, const float *, const int32_t *, const float *, int64_t, const uint8_t *,
-                          const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t);
+                          const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t, const uint8_t *);
 #define GROUPS_TM(t, mm)                                                                                     \
     static void groups_##t##_##mm(const int8_t *xq, const float *xd, const int32_t *xsum, const float *xs,   \
                                   int64_t m0, const uint8_t *w, const float *bias, float *y, int64_t ldy,    \
-                                  int64_t N, int64_t K, int64_t g0, int64_t g1) {                             \
-        groups_mm(t, xq, xd, xsum, xs, mm, m0, w, bias, y, ldy, N, K, g0, g1);                               \
+                                  int64_t N, int64_t K, int64_t g0, int64_t g1, const uint8_t *ahead) {      \
+        groups_mm(t, xq, xd, xsum, xs, mm, m0, w, bias, y, ldy, N, K, g0, g1, ahead);                        \
     }
 #define GROUPS_T(t)                                                                                          \
     GROUPS_TM(t, 1) GROUPS_TM(t, 2) GROUPS_TM(t, 3) GROUPS_TM(t, 4) GROUPS_TM(t, 5) GROUPS_TM(t, 6)           \
@@ -251,7 +260,7 @@ typedef void (*groups_fn)(const int8_t *, const float *, const int32_t *, const 
 GROUPS_T(Q4_0) GROUPS_T(Q4_1) GROUPS_T(Q8_0)
 
 /* Groups [g0, g1) for all M rows: the m-tiles inside, so that a group's weights are read from memory
- * once and from cache by the tiles after the first. */
+ * once and from cache by the tiles after the first; the first tile asks for the next group's. */
 static void groups(int type, const int8_t *xq, const float *xd, const int32_t *xsum, const float *xs, int64_t M,
                    const uint8_t *w, const float *bias, float *y, int64_t ldy, int64_t N, int64_t K, int64_t g0,
                    int64_t g1) {
@@ -259,7 +268,8 @@ static void groups(int type, const int8_t *xq, const float *xd, const int32_t *x
     for (int64_t g = g0; g < g1; g++)
         for (int64_t m0 = 0; m0 < M; m0 += MT) {
             const int64_t mm = M - m0 < MT ? M - m0 : MT;
-            by_m[mm - 1](xq, xd, xsum, xs, m0, w, bias, y, ldy, N, K, g, g + 1);
+            const uint8_t *ahead = m0 == 0 && g + 1 < g1 ? w + (g + 1) * (K / QK) * record_bytes(type) : NULL;
+            by_m[mm - 1](xq, xd, xsum, xs, m0, w, bias, y, ldy, N, K, g, g + 1, ahead);
         }
 }
 

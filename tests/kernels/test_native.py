@@ -9,7 +9,7 @@ import torch
 
 from actorserve.kernels import native
 from actorserve.kernels.attention import cpu_decode
-from actorserve.kernels.gemm import gguf, int8, skinny
+from actorserve.kernels.gemm import gguf, gguf_q8, int8, skinny
 
 pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C compiler")
 
@@ -35,6 +35,7 @@ def test_a_header_edit_rebuilds_and_a_missing_header_falls_back(tmp_path, monkey
 
 STREAMING = {  # the kernels that ask for the weight or cache they stream before reading it (kernels/prefetch.h)
     "gguf_blocks": gguf._library,
+    "gguf_q8": gguf_q8._library,
     "int8_bf16": int8._library,
     "skinny_bf16": skinny._library,
     "paged_attention bf16": cpu_decode._libraries[torch.bfloat16],
