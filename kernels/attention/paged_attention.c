@@ -52,12 +52,16 @@ static inline __attribute__((always_inline)) void one_impl(
                 prefetch_block(v_cache + head_base + table[lo / BS + k] * BS * D, BS * D);
             }
         }
-        if (t0 + AHEAD * BS < len) {
-            prefetch_block(k_cache + head_base + table[t0 / BS + AHEAD] * BS * D, BS * D);
-            prefetch_block(v_cache + head_base + table[t0 / BS + AHEAD] * BS * D, BS * D);
-        }
+        /* the block AHEAD on is asked for VL rows at a time, as these are read: asked for whole, its lines
+         * queued ahead of this block's own loads and left the arithmetic waiting on them */
+        const elem *k_ahead = t0 + AHEAD * BS < len ? k_cache + head_base + table[t0 / BS + AHEAD] * BS * D : NULL;
+        const elem *v_ahead = k_ahead ? v_cache + head_base + table[t0 / BS + AHEAD] * BS * D : NULL;
         for (int64_t i0 = 0; i0 < n; i0 += VL) {
             const vcount m = vtail(n, i0);
+            if (k_ahead) {
+                prefetch_block(k_ahead + i0 * D, VL * D);
+                prefetch_block(v_ahead + i0 * D, VL * D);
+            }
             for (int64_t g = 0; g < G; g++) {
                 const elem *qg = q + g * D;
                 vf part[VL];
@@ -176,6 +180,12 @@ int ELEM(paged_decode)(const elem *q, int64_t q_row_stride, const elem *k_cache,
     const int64_t per_item = G * ((max_len + 15) / 16 * 16);
     if (threads < 1) threads = 1;
     const one_fn fixed = one_fixed(G, D);
+    /* chunks of at most 16 items and at most a quarter of a thread's share, dealt in turn, so that each
+     * thread gets about as much work where items differ in length (a prefill chunk's rows grow) and where
+     * they are few (chunks of 16 would deal 16 sequences x 3 KV heads as 32 items to one thread, 16 to
+     * the other) */
+    const int64_t quarter = B * KVH / (4 * threads);
+    const int64_t chunk = quarter > 16 ? 16 : quarter > 1 ? quarter : 1;
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
@@ -184,8 +194,7 @@ int ELEM(paged_decode)(const elem *q, int64_t q_row_stride, const elem *k_cache,
 #pragma omp atomic write
             failed = 1;
         }
-        /* chunks of 16 items dealt in turn: a prefill chunk's rows grow in length, so halves would not balance */
-#pragma omp for schedule(static, 16)
+#pragma omp for schedule(static, chunk)
         for (int64_t item = 0; item < B * KVH; item++) {
             if (!scores) continue;
             const int64_t b = item / KVH, h = item % KVH;
