@@ -145,7 +145,7 @@ async def complete_context(ctx: ServingContext, model: Optional[str], generation
     ctx.default_sampling = generation_defaults(generation_config, model)
     config = ctx.engine.config
     ctx.metrics.set_cache_config(config.cache.block_size, info["num_kv_blocks"], config.cache.enable_prefix_caching,
-                                 config.model.dtype)
+                                 config.cache.kv_cache_dtype)
 
 
 async def build_context(engine, model: Optional[str], served_model_names: Sequence[str] = ()) -> ServingContext:

@@ -103,7 +103,9 @@ def flags_for(isa: str) -> list[str]:
 
 # The element types a source written against kernels/simd.h's ``elem`` is built for, by torch dtype name:
 # the define that picks it, and the suffix of the exported names (simd.h's ELEM).
-ELEMENTS = {"bfloat16": ([], "_bf16"), "float32": (["-DACTORSERVE_ELEM_F32"], "_f32")}
+ELEMENTS = {"bfloat16": ([], "_bf16"), "float32": (["-DACTORSERVE_ELEM_F32"], "_f32"),
+            # fp32 rows over a bf16 KV cache (the attention kernel's ``kv_elem``, kernels/simd.h)
+            "float32/bfloat16": (["-DACTORSERVE_ELEM_F32", "-DACTORSERVE_KV_BF16"], "_f32")}
 
 
 class CpuKernelLibrary:

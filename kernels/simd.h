@@ -360,6 +360,30 @@ static inline elem to_e(float f) { return to_bf16(f); }
 static inline vf vdot_e(vf acc, const elem *a, const elem *b) { return vdot_bf16(acc, a, b); }
 #endif
 
+/* ------------------------------------------------------------------------------- the KV cache's element
+ * What the attention kernel keeps K and V in: the element type, or bf16 under fp32 elements (built with
+ * -DACTORSERVE_KV_BF16 too: an fp32 model over a cache of half the bytes, which a long batch's decode reads
+ * whole every step). Keys and values are widened exactly; the rounding is the one of the cache's write. */
+#if defined(ACTORSERVE_KV_BF16) && defined(ACTORSERVE_ELEM_F32)
+typedef uint16_t kv_elem;
+static inline vf vload_kv(const kv_elem *p) { return vload_bf16(p); }
+/* acc + the products of VDOT_QK pairs of a query's elements and a key's, summed into VL lanes */
+#define VDOT_QK VL
+static inline vf vdot_qk(vf acc, const elem *q, const kv_elem *k) { return vfmadd(vload(q), vload_bf16(k), acc); }
+/* n elements as the cache holds them (rounded to nearest even, as torch's .to(torch.bfloat16)) */
+static inline void store_kv(kv_elem *dst, const elem *src, int64_t n) {
+    for (int64_t i = 0; i < n; i += VL) vstore_bf16_n(dst + i, vload_n(src + i, vtail(n, i)), vtail(n, i));
+}
+#elif defined(ACTORSERVE_KV_BF16)
+#error "a bf16 KV cache is built under fp32 elements (a bf16 model's cache is bf16 already)"
+#else
+typedef elem kv_elem;
+static inline vf vload_kv(const kv_elem *p) { return vload_e(p); }
+#define VDOT_QK VDOT_E
+static inline vf vdot_qk(vf acc, const elem *q, const kv_elem *k) { return vdot_e(acc, q, k); }
+static inline void store_kv(kv_elem *dst, const elem *src, int64_t n) { memcpy(dst, src, (size_t)n * sizeof(elem)); }
+#endif
+
 /* silu(g) = g / (1 + e^-g) in fp32, rounded to the element type as torch's F.silu rounds it. */
 static inline vf vsilu_e(vf g) { return vround_e(vdiv(g, vadd(vset1(1.0f), vexp(vsub(vzero(), g))))); }
 

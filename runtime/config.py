@@ -28,6 +28,8 @@ QUANTIZATIONS = (None, *QUANT_METHOD_NAMES)  # the methods of runtime.model.quan
 _DEFAULT_KV_BYTES = 4 << 30
 _KV_SHARE_OF_AVAILABLE = 0.5
 KV_SPACE_ENV = "ACTORSERVE_CPU_KVCACHE_SPACE"  # GiB, as vLLM's VLLM_CPU_KVCACHE_SPACE
+# vLLM's --kv-cache-dtype spellings taken here: "auto" is the model's dtype (its fp8 caches are not built)
+KV_CACHE_DTYPES = ("auto", "bfloat16")
 
 
 def option(default: Any = None, help: str = "", *, factory: Optional[Callable[[], Any]] = None,
@@ -83,10 +85,15 @@ class CacheConfig:
                                                   "memory available", aliases=("--kv-cache-memory-bytes",))
     enable_prefix_caching: bool = option(True, "reuse the KV blocks of a cached prompt prefix",
                                          aliases=("--prefix-caching",))
+    kv_cache_dtype: str = option("auto", "what the KV cache holds: auto (the model's dtype) or bfloat16 (an fp32 "
+                                         "model's K and V rounded to bf16: half the memory a token, half the bytes "
+                                         "a decode step reads)", choices=KV_CACHE_DTYPES)
 
     def validate(self) -> None:
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ValueError(f"kv_cache_memory must be > 0 bytes, got {self.kv_cache_memory}")
         _env_kv_space()

@@ -10,6 +10,8 @@ import os
 import time
 from typing import Optional
 
+import torch
+
 from actorserve.kernels import capability
 from actorserve.runtime.config import EngineConfig
 from actorserve.runtime.engine.core import EngineCore, ModelFacts
@@ -94,9 +96,10 @@ def load_worker(config: EngineConfig, with_tokenizer: bool, pp_rank: int = 0,
              loaded.model.num_parameters() / 1e6, str(loaded.model.dtype).removeprefix("torch."),
              f", {m.quantization}" if m.quantization else "", (_resident_bytes() - resident) / 2**20)
     draft = _load_draft(config, loaded)
-    per_block = kv_bytes_per_block(loaded.cfg, config.cache.block_size, loaded.model.dtype)
+    kv_dtype = kv_cache_dtype(config, loaded.model.dtype)
+    per_block = kv_bytes_per_block(loaded.cfg, config.cache.block_size, kv_dtype)
     if draft is not None:  # its cache has as many blocks, addressed by the same block tables
-        per_block += kv_bytes_per_block(draft.cfg, config.cache.block_size, draft.model.dtype)
+        per_block += kv_bytes_per_block(draft.cfg, config.cache.block_size, kv_cache_dtype(config, draft.model.dtype))
     slots = state_slots(loaded, config)
     blocks = num_kv_blocks(loaded, config, per_block, slots * len(loaded.cfg.linear_layers)
                            * LinearLayerState.bytes_per_slot(loaded.cfg, loaded.model.dtype))
@@ -104,13 +107,14 @@ def load_worker(config: EngineConfig, with_tokenizer: bool, pp_rank: int = 0,
     if draft is not None:
         drafter = DraftModelProposer(ModelRunner(draft.model, blocks, config.cache.block_size, device=device,
                                                  fast_decode=not m.enforce_eager,
-                                                 attention_backend=config.device.attention_backend), seed=m.seed)
+                                                 attention_backend=config.device.attention_backend,
+                                                 kv_cache_dtype=kv_cache_dtype(config, draft.model.dtype)), seed=m.seed)
     d, s = config.device, config.scheduler
     graph_sizes = capture_sizes(s.max_num_seqs, s.max_num_batched_tokens, d.max_cudagraph_capture_size,
                                 d.cudagraph_capture_sizes)
     runner = ModelRunner(loaded.model, blocks, config.cache.block_size, seed=m.seed, fast_decode=not m.enforce_eager,
                          drafter=drafter, device=device, attention_backend=d.attention_backend,
-                         graph_sizes=graph_sizes, num_state_slots=slots)
+                         graph_sizes=graph_sizes, num_state_slots=slots, kv_cache_dtype=kv_dtype)
     runner.capture_graphs()
     if config.runtime.enable_sleep_mode:
         def reload() -> list:
@@ -119,10 +123,16 @@ def load_worker(config: EngineConfig, with_tokenizer: bool, pp_rank: int = 0,
 
         runner.sleep_mode = SleepMode(runner, reload)
     log.info("%s; decode fast path: %s", paths.describe(), "on" if runner.fast_decode is not None else "off")
-    log.info("KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB), allocated in %.2f s",
+    log.info("KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB, %s), allocated in %.2f s",
              blocks, config.cache.block_size, blocks * config.cache.block_size,
-             blocks * per_block / 2**20, time.perf_counter() - loaded_at)
+             blocks * per_block / 2**20, str(kv_dtype).removeprefix("torch."), time.perf_counter() - loaded_at)
     return runner, model_facts(loaded, config, blocks), loaded
+
+
+def kv_cache_dtype(config: EngineConfig, model_dtype: torch.dtype) -> torch.dtype:
+    """What a model of ``model_dtype`` keeps its K and V in under ``--kv-cache-dtype``."""
+    name = config.cache.kv_cache_dtype
+    return model_dtype if name == "auto" else getattr(torch, name)
 
 
 def _load_draft(config: EngineConfig, target: LoadedModel) -> Optional[LoadedModel]:

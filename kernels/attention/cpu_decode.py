@@ -1,4 +1,5 @@
-"""Decode attention read straight from the paged bf16 or fp32 cache, on CPUs with AVX2 or AVX-512 BF16.
+"""Decode attention read straight from the paged bf16 or fp32 cache, on CPUs with AVX2 or AVX-512 BF16: bf16
+or fp32 queries over a cache of their own dtype, or fp32 queries over a bf16 cache (``--kv-cache-dtype``).
 
 The torch backend gathers every decoding sequence's K/V blocks into a contiguous copy in every layer
 (``index_select``), then runs two small ``bmm``s: at batch 256 that is a third of a decode step, and at
@@ -24,7 +25,8 @@ from actorserve.kernels.profiling import call
 SOURCE = Path(__file__).with_name("paged_attention.c")
 PROFILE_NAME = "actorserve::paged_decode"
 MAX_GROUP, MAX_HEAD_DIM = 16, 256  # as in the C source
-DTYPES = (torch.bfloat16, torch.float32)  # the element types the source is built for
+# the (query, cache) element types the source is built for
+DTYPES = ((torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32), (torch.float32, torch.bfloat16))
 _SIGNATURES = {
     "paged_decode": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64]
                      + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 6
@@ -32,41 +34,55 @@ _SIGNATURES = {
     "write_kv": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int64] * 2 + [ctypes.c_void_p] + [ctypes.c_int64] * 3
                  + [ctypes.c_void_p] * 2 + [ctypes.c_int64]),
 }
-_libraries = {dtype: CpuKernelLibrary(SOURCE, _SIGNATURES, str(dtype).removeprefix("torch.")) for dtype in DTYPES}
 
 
-def available(dtype: torch.dtype = torch.bfloat16) -> bool:
-    return library(dtype) is not None
+def _element(dtype: torch.dtype, kv_dtype: torch.dtype) -> str:
+    """The build's name in ``native.ELEMENTS``: the dtype's, or "float32/bfloat16" over a narrower cache."""
+    name = str(dtype).removeprefix("torch.")
+    return name if kv_dtype == dtype else f"{name}/{str(kv_dtype).removeprefix('torch.')}"
 
 
-def library(dtype: torch.dtype = torch.bfloat16) -> Optional[ctypes.CDLL]:
-    """The library built for caches of ``dtype``, with its signatures declared (``paged_decode``,
-    ``write_kv``), for callers that plan a whole step on raw pointers (``runtime.model.decode_fast_path``);
-    None where it is not available."""
-    lib = _libraries.get(dtype)
+_libraries = {pair: CpuKernelLibrary(SOURCE, _SIGNATURES, _element(*pair)) for pair in DTYPES}
+
+
+def available(dtype: torch.dtype = torch.bfloat16, kv_dtype: Optional[torch.dtype] = None) -> bool:
+    return library(dtype, kv_dtype) is not None
+
+
+def library(dtype: torch.dtype = torch.bfloat16, kv_dtype: Optional[torch.dtype] = None) -> Optional[ctypes.CDLL]:
+    """The library built for queries of ``dtype`` over caches of ``kv_dtype`` (default: the same), with its
+    signatures declared (``paged_decode``, ``write_kv``), for callers that plan a whole step on raw pointers
+    (``runtime.model.decode_fast_path``); None where it is not available."""
+    lib = _libraries.get((dtype, dtype if kv_dtype is None else kv_dtype))
     return None if lib is None else lib.get()
 
 
-def supports(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
-    """Whether the kernel takes a model of this dtype and shape: the selector's declaration of it (any
-    block size), so that the two cannot disagree."""
+def supports(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int,
+             kv_dtype: Optional[torch.dtype] = None) -> bool:
+    """Whether the kernel takes a model of this dtype and shape over a cache of ``kv_dtype`` (default: the
+    model's): the selector's declaration of it (any block size), so that the two cannot disagree."""
     from actorserve.kernels.attention.selector import BACKENDS, AttentionNeeds
 
-    return BACKENDS["cpu_c"].refusal(AttentionNeeds("cpu", dtype, num_heads, num_kv_heads, head_dim, 1)) is None
+    needs = AttentionNeeds("cpu", dtype, num_heads, num_kv_heads, head_dim, 1, kv_dtype=kv_dtype)
+    return BACKENDS["cpu_c"].refusal(needs) is None
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                  seq_lens: torch.Tensor, scale: float, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """Attention of one query per sequence, q [B, H, D], over caches [KVH, num_blocks, block_size, D] of q's
-    dtype (bf16 or fp32) holding each sequence's first ``seq_lens[b]`` tokens at the blocks
+    dtype (bf16 or fp32), or bf16 under fp32 queries, holding each sequence's first ``seq_lens[b]`` tokens at the blocks
     ``block_tables[b]`` (int64); over its last ``window`` tokens only where window > 0, with scores capped
     at ``softcap`` (tanh) where it is > 0."""
-    lib = library(q.dtype)
+    if k_cache.dtype != v_cache.dtype or (q.dtype, k_cache.dtype) not in DTYPES:
+        raise ValueError(f"paged_decode: no kernel for {q.dtype} queries over a {k_cache.dtype} / {v_cache.dtype} "
+                         "cache")
+    lib = library(q.dtype, k_cache.dtype)
     if lib is None:
-        raise RuntimeError(f"the paged decode kernel for {q.dtype} is not available on this machine")
+        raise RuntimeError(f"the paged decode kernel for {q.dtype} over a {k_cache.dtype} cache is not available "
+                           "on this machine")
     block_size = k_cache.shape[2]
     b = q.shape[0]
-    if not (k_cache.dtype == v_cache.dtype == q.dtype and k_cache.is_contiguous() and v_cache.is_contiguous()
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()
             and block_tables.dtype == torch.int64
             and seq_lens.dtype == torch.int64 and block_tables.shape[0] == b == seq_lens.shape[0]):
         raise ValueError("paged_decode: contiguous caches, and int64 block tables and lengths of one row per query")
@@ -101,12 +117,13 @@ def _launch(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
-    """``write_kv_ref`` in one C call for rows of the caches' dtype (bf16 or fp32) whose heads are
-    contiguous (rows may be strided, as k and v inside a fused qkv output); anything else goes to the torch
-    reference."""
-    lib = library(k_cache.dtype)
+    """``write_kv_ref`` in one C call for rows whose heads are contiguous (rows may be strided, as k and v
+    inside a fused qkv output) into caches the kernel is built for under their dtype (the same, or bf16
+    under fp32 rows, rounded as torch rounds); anything else goes to the torch reference."""
+    pair = (k.dtype, k_cache.dtype)
+    lib = library(*pair) if pair in DTYPES else None
     kvh, _, _, d = k_cache.shape
-    if (lib is None or not (k.dtype == v.dtype == k_cache.dtype == v_cache.dtype)
+    if (lib is None or not (k.dtype == v.dtype and k_cache.dtype == v_cache.dtype)
             or not (k_cache.is_contiguous() and v_cache.is_contiguous())
             or k.shape != v.shape or k.dim() != 3 or k.shape[1:] != (kvh, d)
             or any(t.stride(2) != 1 or t.stride(1) != d for t in (k, v))
@@ -172,8 +189,8 @@ class CpuDecodeBackend(TorchRefBackend):
                 v_cache: torch.Tensor, meta: CpuDecodeMetadata, scale: float, window: int = 0,
                 softcap: float = 0.0) -> torch.Tensor:
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-        lib = library(k_cache.dtype)
-        if lib is None or q.dtype != k_cache.dtype:
+        lib = library(q.dtype, k_cache.dtype) if (q.dtype, k_cache.dtype) in DTYPES else None
+        if lib is None:
             raise ValueError(f"CpuDecodeBackend: no kernel for {q.dtype} queries over a {k_cache.dtype} cache")
         plans = [p for p in (meta.decode, meta.prefill) if p is not None]
         # the tables and lengths were made for the step in prepare; the caches are the runner's own

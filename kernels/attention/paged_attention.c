@@ -1,5 +1,6 @@
 /* Decode attention over the paged KV cache, read in place (no gather), written against the vector layer
- * (../simd.h) and built once per ISA and element type (bf16 or fp32 q, caches and out: ``elem``).
+ * (../simd.h) and built once per ISA and element type (bf16 or fp32 q and out: ``elem``), and per cache
+ * element (``kv_elem``: the element type, or bf16 under fp32).
  *
  * One query token per sequence. q and out are [B, H, D]; the caches are [KVH, num_blocks, block_size, D]
  * (the torch backend's layout); block_tables is [B, table_stride] int64, seq_lens [B] int64. Each work
@@ -21,8 +22,8 @@
 #ifndef AHEAD
 #define AHEAD 2 /* blocks fetched ahead of the one being read */
 #endif
-static inline __attribute__((always_inline)) void prefetch_block(const elem *p, int64_t elems) {
-    prefetch_lines(p, elems * (int64_t)sizeof(elem));
+static inline __attribute__((always_inline)) void prefetch_block(const kv_elem *p, int64_t elems) {
+    prefetch_lines(p, elems * (int64_t)sizeof(kv_elem));
 }
 
 /* One (sequence, KV head). Inlined into clones with G and D constant (``one_fixed``), so that the loops
@@ -31,7 +32,7 @@ static inline __attribute__((always_inline)) void prefetch_block(const elem *p, 
  * machine's memory bandwidth. Pass 1 keeps VL partial sums of one head at a time; pass 2 tiles the heads
  * by 4 and the columns by 4 vectors, at most 16 accumulators, re-reading a tile's value rows from cache. */
 static inline __attribute__((always_inline)) void one_impl(
-        const elem *q, const elem *k_cache, const elem *v_cache, const int64_t *table, int64_t len,
+        const elem *q, const kv_elem *k_cache, const kv_elem *v_cache, const int64_t *table, int64_t len,
         elem *out, const int64_t G, int64_t NB, int64_t BS, const int64_t D, int64_t kvh, float scale,
         int64_t first, float softcap, float *scores /* [G, len - lo rounded up to 16] */) {
     /* keys [first, len) are seen (a sliding window starts past 0); the blocks before first's are not read,
@@ -42,7 +43,7 @@ static inline __attribute__((always_inline)) void one_impl(
     /* pass 1: scores[g, t - lo] = scale * q_g . k_t, VL keys at a time (one horizontal reduction per VL) */
     const vf vscale = vset1(scale);
     for (int64_t t0 = lo; t0 < len; t0 += BS) {
-        const elem *kb = k_cache + head_base + table[t0 / BS] * BS * D;
+        const kv_elem *kb = k_cache + head_base + table[t0 / BS] * BS * D;
         const int64_t n = len - t0 < BS ? len - t0 : BS;
         /* the value rows are fetched beside the keys, so that pass 2 reads them from cache */
         if (t0 == lo) {
@@ -54,8 +55,8 @@ static inline __attribute__((always_inline)) void one_impl(
         }
         /* the block AHEAD on is asked for VL rows at a time, as these are read: asked for whole, its lines
          * queued ahead of this block's own loads and left the arithmetic waiting on them */
-        const elem *k_ahead = t0 + AHEAD * BS < len ? k_cache + head_base + table[t0 / BS + AHEAD] * BS * D : NULL;
-        const elem *v_ahead = k_ahead ? v_cache + head_base + table[t0 / BS + AHEAD] * BS * D : NULL;
+        const kv_elem *k_ahead = t0 + AHEAD * BS < len ? k_cache + head_base + table[t0 / BS + AHEAD] * BS * D : NULL;
+        const kv_elem *v_ahead = k_ahead ? v_cache + head_base + table[t0 / BS + AHEAD] * BS * D : NULL;
         for (int64_t i0 = 0; i0 < n; i0 += VL) {
             const vcount m = vtail(n, i0);
             if (k_ahead) {
@@ -68,8 +69,8 @@ static inline __attribute__((always_inline)) void one_impl(
                 for (int64_t j = 0; j < VL; j++) {
                     vf acc = vzero();
                     if (j < m) {
-                        const elem *kr = kb + (i0 + j) * D;
-                        for (int64_t d = 0; d < D; d += VDOT_E) acc = vdot_e(acc, qg + d, kr + d);
+                        const kv_elem *kr = kb + (i0 + j) * D;
+                        for (int64_t d = 0; d < D; d += VDOT_QK) acc = vdot_qk(acc, qg + d, kr + d);
                     }
                     part[j] = acc;
                 }
@@ -105,14 +106,14 @@ static inline __attribute__((always_inline)) void one_impl(
             for (int64_t g = 0; g < 4; g++)
                 for (int64_t j = 0; j < 4; j++) acc[g][j] = vzero();
             for (int64_t t0 = lo; t0 < len; t0 += BS) {
-                const elem *vb = v_cache + head_base + table[t0 / BS] * BS * D + c0;
+                const kv_elem *vb = v_cache + head_base + table[t0 / BS] * BS * D + c0;
                 const int64_t n = len - t0 < BS ? len - t0 : BS;
                 const float *p = scores + g0 * stride + t0 - lo;
                 for (int64_t i = 0; i < n; i++) {
-                    const elem *vr = vb + i * D;
+                    const kv_elem *vr = vb + i * D;
                     for (int64_t j = 0; j < 4; j++) {
                         if (j >= ct) break;
-                        const vf v = vload_e(vr + j * VL);
+                        const vf v = vload_kv(vr + j * VL);
                         for (int64_t g = 0; g < 4; g++) {
                             if (g >= gt) break;
                             acc[g][j] = vfmadd(vset1(p[g * stride + i]), v, acc[g][j]);
@@ -131,7 +132,7 @@ static inline __attribute__((always_inline)) void one_impl(
 }
 
 #define ONE_FIXED(g, d)                                                                                       \
-    static void one_g##g##_d##d(const elem *q, const elem *kc, const elem *vc, const int64_t *tb,              \
+    static void one_g##g##_d##d(const elem *q, const kv_elem *kc, const kv_elem *vc, const int64_t *tb,        \
                                 int64_t len, elem *out, int64_t NB, int64_t BS, int64_t kvh, float scale,  \
                                 int64_t first, float softcap, float *scores) {                                \
         one_impl(q, kc, vc, tb, len, out, g, NB, BS, d, kvh, scale, first, softcap, scores);                   \
@@ -141,7 +142,7 @@ ONE_FIXED(7, 64) ONE_FIXED(8, 64)
 ONE_FIXED(1, 128) ONE_FIXED(2, 128) ONE_FIXED(3, 128) ONE_FIXED(4, 128) ONE_FIXED(5, 128) ONE_FIXED(6, 128)
 ONE_FIXED(7, 128) ONE_FIXED(8, 128)
 
-typedef void (*one_fn)(const elem *, const elem *, const elem *, const int64_t *, int64_t, elem *,
+typedef void (*one_fn)(const elem *, const kv_elem *, const kv_elem *, const int64_t *, int64_t, elem *,
                        int64_t, int64_t, int64_t, float, int64_t, float, float *);
 
 /* The clone for (G, D), or 0: those shapes take the generic body. */
@@ -154,7 +155,7 @@ static one_fn one_fixed(int64_t G, int64_t D) {
     return D == 64 ? d64[G - 1] : D == 128 ? d128[G - 1] : 0;
 }
 
-static void one(const elem *q, const elem *k_cache, const elem *v_cache, const int64_t *table,
+static void one(const elem *q, const kv_elem *k_cache, const kv_elem *v_cache, const int64_t *table,
                 int64_t len, elem *out, int64_t G, int64_t NB, int64_t BS, int64_t D, int64_t kvh,
                 float scale, int64_t first, float softcap, float *scores) {
     one_impl(q, k_cache, v_cache, table, len, out, G, NB, BS, D, kvh, scale, first, softcap, scores);
@@ -168,7 +169,7 @@ static void one(const elem *q, const elem *k_cache, const elem *v_cache, const i
  * window > 0 (a sliding window: keys k with len - k <= window), and its scores are capped by
  * softcap * tanh(s / softcap) where softcap > 0. Returns 0, or -1 where the shapes are outside what this
  * kernel takes (the caller checks first). */
-int ELEM(paged_decode)(const elem *q, int64_t q_row_stride, const elem *k_cache, const elem *v_cache,
+int ELEM(paged_decode)(const elem *q, int64_t q_row_stride, const kv_elem *k_cache, const kv_elem *v_cache,
                        const int64_t *block_tables, int64_t table_stride, const int64_t *row_seq,
                        const int64_t *seq_lens, elem *out,
                       int64_t B, int64_t H, int64_t KVH, int64_t NB, int64_t BS, int64_t D, float scale,
@@ -223,18 +224,18 @@ int ELEM(paged_decode)(const elem *q, int64_t q_row_stride, const elem *k_cache,
 }
 
 /* Store the step's new K and V rows [T, KVH, D] (rows strided, heads contiguous: columns of a fused qkv
- * output) at their slots of the caches [KVH, slots_per_head, D]. Every slot is checked before anything is
+ * output) at their slots of the caches [KVH, slots_per_head, D], as the cache's elements (``store_kv``). Every slot is checked before anything is
  * written; returns -1 (nothing written) where one is out of range. */
 int ELEM(write_kv)(const elem *k, int64_t k_row_stride, const elem *v, int64_t v_row_stride,
-                   const int64_t *slots, int64_t T, int64_t KVH, int64_t D, elem *k_cache, elem *v_cache,
+                   const int64_t *slots, int64_t T, int64_t KVH, int64_t D, kv_elem *k_cache, kv_elem *v_cache,
                   int64_t slots_per_head) {
     for (int64_t t = 0; t < T; t++)
         if (slots[t] < 0 || slots[t] >= slots_per_head) return -1;
     for (int64_t t = 0; t < T; t++)
         for (int64_t h = 0; h < KVH; h++) {
             const int64_t at = (h * slots_per_head + slots[t]) * D;
-            memcpy(k_cache + at, k + t * k_row_stride + h * D, (size_t)D * sizeof(elem));
-            memcpy(v_cache + at, v + t * v_row_stride + h * D, (size_t)D * sizeof(elem));
+            store_kv(k_cache + at, k + t * k_row_stride + h * D, D);
+            store_kv(v_cache + at, v + t * v_row_stride + h * D, D);
         }
     return 0;
 }

@@ -1,5 +1,5 @@
-"""Which attention backend serves a model: each backend declares what it supports (devices, dtypes,
-head sizes, block sizes, sliding windows, whether CUDA graphs may capture it); the selector walks the
+"""Which attention backend serves a model: each backend declares what it supports (devices, dtypes, KV cache
+dtypes, head sizes, block sizes, sliding windows, whether CUDA graphs may capture it); the selector walks the
 device's backends in priority order and takes the first that supports the model, or checks the one
 ``--attention-backend`` forces and says why it cannot serve.
 
@@ -34,6 +34,7 @@ class AttentionNeeds:
     block_size: int
     sliding_window: Optional[int] = None
     capture: bool = False  # CUDA graphs will capture its decode steps
+    kv_dtype: Optional[torch.dtype] = None  # what the KV cache holds (None: dtype)
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,8 @@ class BackendEntry:
     # the backend's own gate beyond the declarations above (its package, its build, the machine)
     available: Callable[[AttentionNeeds], Optional[str]]
     max_group: int = 0  # the most query heads a KV head serves (0: any)
+    # the (compute, cache) dtypes it takes beyond a cache of the compute dtype (--kv-cache-dtype)
+    narrower_kv: tuple[tuple[str, str], ...] = ()
 
     def refusal(self, needs: AttentionNeeds) -> Optional[str]:
         """None where this backend serves ``needs``; else why not, in words."""
@@ -57,6 +60,9 @@ class BackendEntry:
         dtype = str(needs.dtype).removeprefix("torch.")
         if dtype not in self.dtypes:
             return f"it takes {', '.join(self.dtypes)}, not {dtype}"
+        kv = dtype if needs.kv_dtype is None else str(needs.kv_dtype).removeprefix("torch.")
+        if kv != dtype and (dtype, kv) not in self.narrower_kv:
+            return f"it keeps a {dtype} model's K and V in {dtype}, not {kv}"
         if not self.head_size(needs.head_dim):
             return f"it does not take a head size of {needs.head_dim}"
         if not self.block_size(needs.block_size):
@@ -79,7 +85,7 @@ class BackendEntry:
 def _cpu_c(needs: AttentionNeeds) -> Optional[str]:
     from actorserve.kernels.attention import cpu_decode
 
-    if not cpu_decode.available(needs.dtype):
+    if not cpu_decode.available(needs.dtype, needs.kv_dtype):
         return "its C kernels are off on this CPU (capability gates, ACTORSERVE_CPU_KERNELS, or no compiler)"
     return None
 
@@ -117,6 +123,7 @@ def _power_of_two(n: int) -> bool:
 
 
 _FLOATS = ("float32", "float16", "bfloat16")
+_FP32_OVER_BF16 = (("float32", "bfloat16"),)  # an fp32 model over a bf16 KV cache
 BACKENDS: dict[str, BackendEntry] = {b.name: b for b in (
     BackendEntry("flashinfer", "actorserve.kernels.attention.flashinfer:FlashInferBackend", ("cuda",),
                  ("float16", "bfloat16"), lambda d: d in (64, 128, 256), lambda b: b in (16, 32, 64),
@@ -124,12 +131,14 @@ BACKENDS: dict[str, BackendEntry] = {b.name: b for b in (
                  sliding_window=True, capturable=False, available=_flashinfer),
     BackendEntry("triton", "actorserve.kernels.triton.unified_attention:TritonAttentionBackend", ("cuda", "cpu"),
                  _FLOATS, lambda d: 0 < d <= 256, _power_of_two, sliding_window=True, capturable=True,
-                 available=_triton),
+                 available=_triton, narrower_kv=_FP32_OVER_BF16),
     BackendEntry("cpu_c", "actorserve.kernels.attention.cpu_decode:CpuDecodeBackend", ("cpu",),
                  ("bfloat16", "float32"), lambda d: d % 32 == 0 and d <= 256, lambda b: b > 0,
-                 sliding_window=True, capturable=False, available=_cpu_c, max_group=16),  # (its C source's)
+                 sliding_window=True, capturable=False, available=_cpu_c, max_group=16,  # (its C source's)
+                 narrower_kv=_FP32_OVER_BF16),
     BackendEntry("torch", "actorserve.kernels.attention.torch_ref:TorchRefBackend", ("cpu", "cuda"), _FLOATS,
-                 lambda d: d > 0, lambda b: b > 0, sliding_window=True, capturable=False, available=_always),
+                 lambda d: d > 0, lambda b: b > 0, sliding_window=True, capturable=False, available=_always,
+                 narrower_kv=_FP32_OVER_BF16),
 )}
 NAMES = tuple(BACKENDS)
 # what each device tries, best first (triton serves the CPU only when forced, in its interpreter)

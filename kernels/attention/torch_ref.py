@@ -152,7 +152,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         qg = q.view(b, kvh, g, d).transpose(0, 1).reshape(kvh * b, g, d)
     else:
         qg = q[plan.q_index].view(b, nq, kvh, g, d).permute(2, 0, 3, 1, 4).reshape(kvh * b, g * nq, d)
-    qg = qg.to(keys.dtype)
+    if keys.dtype != q.dtype:  # a cache narrower than the model (--kv-cache-dtype): widened, exactly
+        keys, values = keys.to(q.dtype), values.to(q.dtype)
     scores = torch.bmm(qg, keys.transpose(1, 2)).float().mul_(scale)
     if softcap > 0:
         scores = torch.tanh(scores / softcap).mul_(softcap)

@@ -332,10 +332,12 @@ class DecodeFastPath:
         return self.planner.kernels
 
     @classmethod
-    def build(cls, model: "CausalLM", backend: object) -> Optional["DecodeFastPath"]:
-        """The path for this model and backend, or None where a gate fails (the module path serves all)."""
+    def build(cls, model: "CausalLM", backend: object,
+              kv_dtype: Optional[torch.dtype] = None) -> Optional["DecodeFastPath"]:
+        """The path for this model and backend over KV caches of ``kv_dtype`` (default: the model's dtype), or
+        None where a gate fails (the module path serves all)."""
         dtype = model.dtype
-        ew, attn = cpu_rows.library(dtype), cpu_decode.library(dtype)
+        ew, attn = cpu_rows.library(dtype), cpu_decode.library(dtype, kv_dtype)
         if (ew is None or attn is None or not isinstance(backend, cpu_decode.CpuDecodeBackend)
                 or next(model.parameters()).device.type != "cpu"
                 or model.rotary is None or model.num_local_layers == 0 or not hasattr(model, "decode_plan")

@@ -79,22 +79,24 @@ class ModelRunner:
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int, seed: int = 0,
                  device: str = "cpu", fast_decode: bool = True, drafter=None,
                  attention_backend: Optional[str] = None, graph_sizes: Sequence[int] = (),
-                 num_state_slots: int = 0) -> None:
+                 num_state_slots: int = 0, kv_cache_dtype: Optional[torch.dtype] = None) -> None:
+        """``kv_cache_dtype``: what the softmax-attention layers' K/V pools hold (default: the model's dtype)."""
         cfg = model.cfg
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.device = torch.device(device)
         dtype = model.dtype
+        self.kv_dtype = dtype if kv_cache_dtype is None else kv_cache_dtype
         needs = AttentionNeeds(self.device.type, dtype, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, block_size,
-                               cfg.sliding_window)
+                               cfg.sliding_window, kv_dtype=self.kv_dtype)
         self.backend = select_attention(needs, attention_backend)(cfg.num_kv_heads, num_blocks, block_size)
         shape = self.backend.kv_cache_shape(num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         # one entry per local layer: K and V pools for softmax attention, the recurrent states of a GDN layer
         linear = [int(name) in cfg.linear_layers for name in model.model.layers]
         if any(linear) and num_state_slots < 1:
             raise ValueError("a model with linear-attention layers needs state slots (num_state_slots)")
-        pools = iter(_zeroed_caches(shape, dtype, self.device, linear.count(False), cfg.kv_cache_tensors))
+        pools = iter(_zeroed_caches(shape, self.kv_dtype, self.device, linear.count(False), cfg.kv_cache_tensors))
         self.num_state_slots = num_state_slots if any(linear) else 0
         self.kv_caches = [LinearLayerState.zeros(cfg, num_state_slots, dtype, self.device) if is_linear
                           else next(pools) for is_linear in linear]
@@ -111,7 +113,7 @@ class ModelRunner:
         decode graphs' capture (``capture_graphs``)."""
         fast_decode, graph_sizes = self._plans
         # decode-only steps skip module dispatch where the model's kernels allow (None: every step eager)
-        self.fast_decode = DecodeFastPath.build(self.model, self.backend) if fast_decode else None
+        self.fast_decode = DecodeFastPath.build(self.model, self.backend, self.kv_dtype) if fast_decode else None
         # decode steps replayed from CUDA graphs (captured by ``capture_graphs``), where the backend allows
         self.graphs: Optional[DecodeGraphs] = None
         self._static: Optional[dict[str, Any]] = None

@@ -159,3 +159,31 @@ def test_a_seeded_request_with_drafts_does_not_depend_on_the_batch():
     assert batch[1].outputs[0].token_ids == alone.token_ids
     assert len(alone.logprobs) == len(alone.token_ids) == 40
     assert llm.engine.scheduler.spec_stats.num_accepted_tokens > 0
+
+
+def test_bf16_kv_cache_keeps_the_reference_up_to_rounding(greedy_reference):
+    """``kv_cache_dtype="bfloat16"`` under the fp32 default: K and V rounded to bf16 as they are cached, all
+    else fp32. It holds twice the tokens in the same memory. Fed the reference's own tokens, at each of the
+    first 16 positions of every prompt (all of a shorter answer's) it ranks the fp32 reference's token first,
+    or within 0.05 nats of its first (a third of bf16 weights' allowance: only K and V are rounded); in one
+    batch and alone."""
+    from actorserve import LLM
+
+    budget = 128 << 20
+    llm = LLM(kv_cache_dtype="bfloat16", kv_cache_memory=budget, max_model_len=2048)
+    # SmolLM2-135M: 30 layers of K and V, 3 KV heads of 64, blocks of 16 tokens, 2 bytes a value
+    assert llm.engine.facts.num_kv_blocks == budget // (30 * 2 * 3 * 64 * 16 * 2)
+    refs = greedy_reference["prompts"]
+    cases = [(ref, k) for ref in refs for k in range(min(16, len(ref["output_ids"])))]
+    params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=5)
+    prompts = [{"prompt_token_ids": ref["prompt_ids"] + ref["output_ids"][:k]} for ref, k in cases]
+    batch = llm.generate(prompts, params, use_tqdm=False)
+    firsts = [i for i, (_, k) in enumerate(cases) if k == 0]
+    alone = [llm.generate(prompts[i], params, use_tqdm=False)[0] for i in firsts]
+    exact = 0
+    for (ref, k), out in [*zip(cases, batch), *zip([cases[i] for i in firsts], alone)]:
+        ranked = out.outputs[0].logprobs[0]
+        want, top = ref["output_ids"][k], max(lp.logprob for lp in ranked.values())
+        assert want in ranked and ranked[want].logprob >= top - 0.05, (ref["user_prompt"], k, ranked)
+        exact += out.outputs[0].token_ids[0] == want
+    assert exact >= 0.9 * (len(cases) + len(alone))

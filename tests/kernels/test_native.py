@@ -38,8 +38,9 @@ STREAMING = {  # the kernels that ask for the weight or cache they stream before
     "gguf_q8": gguf_q8._library,
     "int8_bf16": int8._library,
     "skinny_bf16": skinny._library,
-    "paged_attention bf16": cpu_decode._libraries[torch.bfloat16],
-    "paged_attention fp32": cpu_decode._libraries[torch.float32],
+    "paged_attention bf16": cpu_decode._libraries[torch.bfloat16, torch.bfloat16],
+    "paged_attention fp32": cpu_decode._libraries[torch.float32, torch.float32],
+    "paged_attention fp32 over bf16": cpu_decode._libraries[torch.float32, torch.bfloat16],
 }
 
 

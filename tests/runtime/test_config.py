@@ -30,3 +30,10 @@ def test_the_kv_budget_is_fixed_unless_memory_is_short(monkeypatch):
     monkeypatch.setenv(config_module.KV_SPACE_ENV, "lots")
     with pytest.raises(ValueError, match=config_module.KV_SPACE_ENV):
         EngineConfig.from_engine_args()
+
+
+def test_kv_cache_dtype_takes_vllms_spellings_it_builds():
+    assert EngineConfig.from_engine_args().cache.kv_cache_dtype == "auto"
+    assert EngineConfig.from_engine_args(kv_cache_dtype="bfloat16").cache.kv_cache_dtype == "bfloat16"
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
+        EngineConfig.from_engine_args(kv_cache_dtype="fp8")  # vLLM's, not built here

@@ -129,3 +129,57 @@ def test_fp32_writes_and_reads_its_own_cache():
     cpu_decode.write_kv(caches[0], caches[1], k, v, slots)
     write_kv_ref(caches[2], caches[3], k, v, slots)
     assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+
+
+FP32_OVER_BF16 = pytest.mark.skipif(not cpu_decode.available(torch.float32, torch.bfloat16),
+                                    reason="no build of fp32 queries over a bf16 cache here")
+
+
+@FP32_OVER_BF16
+@pytest.mark.parametrize("kvh,g,d,bs", [(3, 3, 64, 16), (1, 8, 128, 16), (2, 1, 32, 4)])
+def test_fp32_queries_over_a_bf16_cache(kvh, g, d, bs):
+    """--kv-cache-dtype bfloat16 under an fp32 model: the cache's bf16 keys and values widened exactly, the
+    rest fp32, so the answer is fp32 attention over the cache's values (not over q rounded to bf16)."""
+    lens = [1, 15, 16, 17, 300, 129]
+    q, k_cache, v_cache, tables, seq_lens = make_case(lens, kvh, g, d, bs, dtype=torch.bfloat16)
+    q = torch.randn(q.shape)  # fp32, with bits below bf16's
+    scale = d ** -0.5
+    out = cpu_decode.paged_decode(q, k_cache, v_cache, tables, seq_lens, scale)
+    assert out.dtype == torch.float32 and out.shape == q.shape
+    torch.testing.assert_close(out.double(), dense_ref(q, k_cache, v_cache, tables, seq_lens, scale),
+                               atol=2e-6, rtol=1e-5)
+
+
+@FP32_OVER_BF16
+def test_fp32_rows_written_to_a_bf16_cache_round_as_torch(monkeypatch):
+    """write_kv of fp32 rows into a bf16 cache holds torch's .to(torch.bfloat16) of them, ties, NaN and
+    infinities included; the C call is taken (not the torch reference)."""
+    from actorserve.kernels.attention.torch_ref import write_kv_ref
+
+    kvh, nb, bs, d, t = 3, 6, 16, 64, 7
+    qkv = torch.randn(t, 15 * d)
+    qkv[0, 9 * d:9 * d + 4] = torch.tensor([float("nan"), float("inf"), -float("inf"), 1.0 + 2 ** -8])  # a tie
+    qkv[1, 12 * d] = 3.0 * 2 ** -8 + 1.0  # the other tie: rounds up to even
+    k, v = qkv[:, 9 * d:12 * d].view(t, kvh, d), qkv[:, 12 * d:].view(t, kvh, d)
+    slots = torch.randperm(nb * bs)[:t]
+    ours = [torch.zeros(kvh, nb, bs, d, dtype=torch.bfloat16) for _ in range(2)]
+    ref = [c.clone() for c in ours]
+    with monkeypatch.context() as m:
+        m.setattr(cpu_decode, "write_kv_ref", lambda *a: pytest.fail("the torch reference wrote the rows"))
+        cpu_decode.write_kv(*ours, k, v, slots)
+    write_kv_ref(*ref, k, v, slots)
+    for a, b in zip(ours, ref):  # (a NaN's bits are torch's business: its vector and scalar paths differ)
+        assert torch.equal(a.isnan(), b.isnan()) and a.isnan().sum() == (a is ours[0])
+        zero = torch.zeros((), dtype=torch.bfloat16)
+        assert torch.equal(a.where(~a.isnan(), zero).view(torch.int16), b.where(~b.isnan(), zero).view(torch.int16))
+
+
+def test_a_cache_of_another_dtype_is_refused():
+    q, k_cache, v_cache, tables, seq_lens = make_case([20, 5], 2, 2, 64, 16)
+    with pytest.raises(ValueError, match="no kernel"):  # bf16 queries over an fp32 cache: no build
+        cpu_decode.paged_decode(q, k_cache.float(), v_cache.float(), tables, seq_lens, 1.0)
+    with pytest.raises(ValueError, match="no kernel"):  # K and V of different dtypes
+        cpu_decode.paged_decode(q.float(), k_cache, v_cache.float(), tables, seq_lens, 1.0)
+    assert not cpu_decode.supports(torch.bfloat16, 9, 3, 64, kv_dtype=torch.float32)
+    assert cpu_decode.supports(torch.float32, 9, 3, 64, kv_dtype=torch.bfloat16) == cpu_decode.available(
+        torch.float32, torch.bfloat16)

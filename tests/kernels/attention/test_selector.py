@@ -23,8 +23,8 @@ def machine(monkeypatch):
 
 
 def needs(device="cpu", dtype=torch.bfloat16, heads=8, kv_heads=2, head_dim=64, block_size=16, window=None,
-          capture=False):
-    return AttentionNeeds(device, dtype, heads, kv_heads, head_dim, block_size, window, capture)
+          capture=False, kv_dtype=None):
+    return AttentionNeeds(device, dtype, heads, kv_heads, head_dim, block_size, window, capture, kv_dtype)
 
 
 @pytest.mark.parametrize("case, machine_kw, expected", [
@@ -46,6 +46,11 @@ def needs(device="cpu", dtype=torch.bfloat16, heads=8, kv_heads=2, head_dim=64, 
     (needs(device="cuda", window=4096), {"flashinfer": False}, "triton"),
     (needs(window=4096), {}, "cpu_c"),
     (needs(window=4096), {"c_kernels": False}, "torch"),
+    (needs(dtype=torch.float32, kv_dtype=torch.bfloat16), {}, "cpu_c"),  # --kv-cache-dtype bfloat16
+    (needs(dtype=torch.float32, kv_dtype=torch.bfloat16), {"c_kernels": False}, "torch"),
+    (needs(kv_dtype=torch.bfloat16), {}, "cpu_c"),  # a bf16 model's own cache
+    (needs(device="cuda", dtype=torch.float32, kv_dtype=torch.bfloat16), {}, "triton"),
+    (needs(device="cuda", dtype=torch.float16, kv_dtype=torch.bfloat16, head_dim=128), {}, AttentionBackendError),
     (needs(device="xla"), {}, AttentionBackendError),  # no backend runs there
     (needs(), {"c_kernels": False, "interpreter": True}, "torch"),  # triton serves the CPU only when forced
 ])
@@ -66,6 +71,9 @@ def test_the_selector_picks(machine, case, machine_kw, expected):
     (needs(dtype=torch.float16), "cpu_c", {}, "takes bfloat16, float32, not float16"),
     (needs(device="cuda", head_dim=96), "flashinfer", {}, "head size of 96"),
     (needs(device="cuda", capture=True), "flashinfer", {}, "CUDA graphs cannot capture it"),
+    (needs(device="cuda", dtype=torch.float16, kv_dtype=torch.bfloat16, head_dim=128), "flashinfer", {},
+     "keeps a float16 model's K and V in float16, not bfloat16"),
+    (needs(dtype=torch.bfloat16, kv_dtype=torch.float32), "cpu_c", {}, "in bfloat16, not float32"),
     (needs(), "xformers", {}, "unknown attention backend 'xformers'; known: flashinfer, triton, cpu_c, torch"),
 ])
 def test_a_forced_backend_serves_or_says_why_not(machine, case, forced, machine_kw, why):

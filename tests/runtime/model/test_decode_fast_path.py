@@ -196,3 +196,16 @@ def test_engine_tokens_do_not_depend_on_the_path(tmp_path):
         assert (llm.engine.executor.fast_decode is None) == eager
         outs[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert outs[False] == outs[True]
+
+
+@pytest.mark.skipif(not cpu_decode.available(torch.float32, torch.bfloat16),
+                    reason="no build of fp32 queries over a bf16 cache here")
+def test_fast_path_over_a_bf16_cache(tmp_path):
+    """--kv-cache-dtype bfloat16 under an fp32 model: the caches hold bf16, and the fast path writes and reads
+    them as the module path does."""
+    model = loader.load_model(str(_model_dir(tmp_path, "llama")), "float32", skip_tokenizer=True,
+                              max_positions=256).model
+    runner = ModelRunner(model, num_blocks=64, block_size=16, kv_cache_dtype=torch.bfloat16)
+    assert all(c.dtype == torch.bfloat16 for kv in runner.kv_caches for c in kv)
+    assert isinstance(runner.backend, cpu_decode.CpuDecodeBackend)
+    _compare(runner)
