@@ -38,7 +38,7 @@ import torch
 
 from actorserve import LLM, SamplingParams
 from actorserve.kernels import capability
-from actorserve.runtime.config import QUANT_METHOD_NAMES
+from actorserve.runtime.config import KV_CACHE_DTYPES, QUANT_METHOD_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ROOT.parent / "shared" / "reference" / "bench_prompts.json"
@@ -135,6 +135,7 @@ def main() -> None:
     ap.add_argument("--quantization", nargs="+", default=["none"], choices=["none", *QUANT_METHOD_NAMES],
                     help="our engine in each of these settings, each workload timed right after transformers'")
     ap.add_argument("--llama-cpp", action="store_true", help="llama.cpp on the same GGUF too")
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES, help="our KV cache's dtype")
     args = ap.parse_args()
     hf_dtype = args.hf_dtype or args.dtype
     libraries = capability.hold_libraries(os.environ.get("ACTORSERVE_CPU_ISA"))  # before anything computes
@@ -142,7 +143,8 @@ def main() -> None:
     # 2 GiB of KV cache holds all 256 offline sequences at full length (1.5 GB for SmolLM2 in bf16); with 1 GiB
     # a third of them waited or were preempted, and the offline figure measured the cache, not the engine
     engines = {q: LLM(max_model_len=1024, dtype=args.dtype, kv_cache_memory=2 << 30,
-                      quantization=None if q == "none" else q) for q in args.quantization}
+                      kv_cache_dtype=args.kv_cache_dtype, quantization=None if q == "none" else q)
+               for q in args.quantization}
     hf = hf_model(next(iter(engines.values()))).to(getattr(torch, hf_dtype))  # the same weights
     for llm in engines.values():
         ours(llm, [data["single"]], 4)  # warm-up
@@ -209,9 +211,11 @@ def main() -> None:
     out.mkdir(exist_ok=True)
     isa = os.environ.get("ACTORSERVE_CPU_ISA")
     suffix = ("" if args.quantization == ["none"] else "_" + "_".join(args.quantization)) + (
-        "_llama_cpp" if args.llama_cpp else "") + (f"_isa_{isa}" if isa else "")
+        "_llama_cpp" if args.llama_cpp else "") + (f"_isa_{isa}" if isa else "") + (
+        f"_kv_{args.kv_cache_dtype}" if args.kv_cache_dtype != "auto" else "")
     (out / f"compare_hf_{args.dtype}{suffix}_vs_{hf_dtype}.json").write_text(
-        json.dumps({"dtype": args.dtype, "hf_dtype": hf_dtype, "quantization": args.quantization, "rows": rows,
+        json.dumps({"dtype": args.dtype, "hf_dtype": hf_dtype, "quantization": args.quantization,
+                    "kv_cache_dtype": args.kv_cache_dtype, "rows": rows,
                     "memory": memory, "threads": torch.get_num_threads(),
                     "cpu_isa": isa or "native", "library_env": libraries, "llama_cpp_build": llama_cpp_build},
                    indent=1))
