@@ -96,10 +96,10 @@ def load_worker(config: EngineConfig, with_tokenizer: bool, pp_rank: int = 0,
              loaded.model.num_parameters() / 1e6, str(loaded.model.dtype).removeprefix("torch."),
              f", {m.quantization}" if m.quantization else "", (_resident_bytes() - resident) / 2**20)
     draft = _load_draft(config, loaded)
-    kv_dtype = kv_cache_dtype(config, loaded.model.dtype)
+    kv_dtype = kv_cache_dtype(config, loaded.model.dtype)  # (the draft model's too: it runs in the same dtype)
     per_block = kv_bytes_per_block(loaded.cfg, config.cache.block_size, kv_dtype)
     if draft is not None:  # its cache has as many blocks, addressed by the same block tables
-        per_block += kv_bytes_per_block(draft.cfg, config.cache.block_size, kv_cache_dtype(config, draft.model.dtype))
+        per_block += kv_bytes_per_block(draft.cfg, config.cache.block_size, kv_dtype)
     slots = state_slots(loaded, config)
     blocks = num_kv_blocks(loaded, config, per_block, slots * len(loaded.cfg.linear_layers)
                            * LinearLayerState.bytes_per_slot(loaded.cfg, loaded.model.dtype))
@@ -108,7 +108,7 @@ def load_worker(config: EngineConfig, with_tokenizer: bool, pp_rank: int = 0,
         drafter = DraftModelProposer(ModelRunner(draft.model, blocks, config.cache.block_size, device=device,
                                                  fast_decode=not m.enforce_eager,
                                                  attention_backend=config.device.attention_backend,
-                                                 kv_cache_dtype=kv_cache_dtype(config, draft.model.dtype)), seed=m.seed)
+                                                 kv_cache_dtype=kv_dtype), seed=m.seed)
     d, s = config.device, config.scheduler
     graph_sizes = capture_sizes(s.max_num_seqs, s.max_num_batched_tokens, d.max_cudagraph_capture_size,
                                 d.cudagraph_capture_sizes)

@@ -70,9 +70,9 @@ def supports(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: in
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                  seq_lens: torch.Tensor, scale: float, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """Attention of one query per sequence, q [B, H, D], over caches [KVH, num_blocks, block_size, D] of q's
-    dtype (bf16 or fp32), or bf16 under fp32 queries, holding each sequence's first ``seq_lens[b]`` tokens at the blocks
-    ``block_tables[b]`` (int64); over its last ``window`` tokens only where window > 0, with scores capped
-    at ``softcap`` (tanh) where it is > 0."""
+    dtype (bf16 or fp32), or bf16 under fp32 queries, holding each sequence's first ``seq_lens[b]`` tokens
+    at the blocks ``block_tables[b]`` (int64); over its last ``window`` tokens only where window > 0, with
+    scores capped at ``softcap`` (tanh) where it is > 0."""
     if k_cache.dtype != v_cache.dtype or (q.dtype, k_cache.dtype) not in DTYPES:
         raise ValueError(f"paged_decode: no kernel for {q.dtype} queries over a {k_cache.dtype} / {v_cache.dtype} "
                          "cache")
@@ -120,8 +120,7 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
     """``write_kv_ref`` in one C call for rows whose heads are contiguous (rows may be strided, as k and v
     inside a fused qkv output) into caches the kernel is built for under their dtype (the same, or bf16
     under fp32 rows, rounded as torch rounds); anything else goes to the torch reference."""
-    pair = (k.dtype, k_cache.dtype)
-    lib = library(*pair) if pair in DTYPES else None
+    lib = library(k.dtype, k_cache.dtype)
     kvh, _, _, d = k_cache.shape
     if (lib is None or not (k.dtype == v.dtype and k_cache.dtype == v_cache.dtype)
             or not (k_cache.is_contiguous() and v_cache.is_contiguous())
@@ -189,7 +188,7 @@ class CpuDecodeBackend(TorchRefBackend):
                 v_cache: torch.Tensor, meta: CpuDecodeMetadata, scale: float, window: int = 0,
                 softcap: float = 0.0) -> torch.Tensor:
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-        lib = library(q.dtype, k_cache.dtype) if (q.dtype, k_cache.dtype) in DTYPES else None
+        lib = library(q.dtype, k_cache.dtype)
         if lib is None:
             raise ValueError(f"CpuDecodeBackend: no kernel for {q.dtype} queries over a {k_cache.dtype} cache")
         plans = [p for p in (meta.decode, meta.prefill) if p is not None]
