@@ -55,13 +55,12 @@ static inline __attribute__((always_inline)) void one_impl(
         }
         /* the block AHEAD on is asked for VL rows at a time, as these are read: asked for whole, its lines
          * queued ahead of this block's own loads and left the arithmetic waiting on them */
-        const kv_elem *k_ahead = t0 + AHEAD * BS < len ? k_cache + head_base + table[t0 / BS + AHEAD] * BS * D : NULL;
-        const kv_elem *v_ahead = k_ahead ? v_cache + head_base + table[t0 / BS + AHEAD] * BS * D : NULL;
+        const int64_t ahead = t0 + AHEAD * BS < len ? head_base + table[t0 / BS + AHEAD] * BS * D : -1;
         for (int64_t i0 = 0; i0 < n; i0 += VL) {
             const vcount m = vtail(n, i0);
-            if (k_ahead) {
-                prefetch_block(k_ahead + i0 * D, VL * D);
-                prefetch_block(v_ahead + i0 * D, VL * D);
+            if (ahead >= 0) {
+                prefetch_block(k_cache + ahead + i0 * D, VL * D);
+                prefetch_block(v_cache + ahead + i0 * D, VL * D);
             }
             for (int64_t g = 0; g < G; g++) {
                 const elem *qg = q + g * D;
@@ -224,8 +223,8 @@ int ELEM(paged_decode)(const elem *q, int64_t q_row_stride, const kv_elem *k_cac
 }
 
 /* Store the step's new K and V rows [T, KVH, D] (rows strided, heads contiguous: columns of a fused qkv
- * output) at their slots of the caches [KVH, slots_per_head, D], as the cache's elements (``store_kv``). Every slot is checked before anything is
- * written; returns -1 (nothing written) where one is out of range. */
+ * output) at their slots of the caches [KVH, slots_per_head, D], as the cache's elements (``store_kv``).
+ * Every slot is checked before anything is written; returns -1 (nothing written) where one is out of range. */
 int ELEM(write_kv)(const elem *k, int64_t k_row_stride, const elem *v, int64_t v_row_stride,
                    const int64_t *slots, int64_t T, int64_t KVH, int64_t D, kv_elem *k_cache, kv_elem *v_cache,
                   int64_t slots_per_head) {
