@@ -107,6 +107,26 @@ static inline vf vlut16_nibbles(const uint8_t *p, int high, vf table) {
     const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
     return _mm512_permutexvar_ps(high ? _mm512_srli_epi32(b, 4) : b, table);
 }
+/* vlut16_nibbles with its lanes in another order, for a caller that only multiplies them by values it has
+ * put in the same order (``VLUT16_SPREAD``) and sums: lane i holds the nibble of byte 4 (i % 4) + i / 4.
+ * The 16 bytes are broadcast as they are loaded and each lane shifts its own byte down, where widening
+ * them in order takes a shuffle, and this ISA's shuffles and permutes share the one port that the
+ * table's permute keeps busy already. */
+#define VLUT16_SPREAD(i) (4 * ((i) % 4) + (i) / 4)
+static inline vf vlut16_spread(const uint8_t *p, int high, vf table) {
+    const __m512i b = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)p));
+    const __m512i shift = _mm512_add_epi32(_mm512_set_epi32(24, 24, 24, 24, 16, 16, 16, 16, 8, 8, 8, 8, 0, 0, 0, 0),
+                                           _mm512_set1_epi32(high ? 4 : 0));
+    return _mm512_permutexvar_ps(_mm512_srlv_epi32(b, shift), table);
+}
+/* v's lanes in the order vlut16_spread gives a block's values */
+static inline vf vspread(vf v) {
+    const __m512i order = _mm512_setr_epi32(VLUT16_SPREAD(0), VLUT16_SPREAD(1), VLUT16_SPREAD(2), VLUT16_SPREAD(3),
+                                            VLUT16_SPREAD(4), VLUT16_SPREAD(5), VLUT16_SPREAD(6), VLUT16_SPREAD(7),
+                                            VLUT16_SPREAD(8), VLUT16_SPREAD(9), VLUT16_SPREAD(10), VLUT16_SPREAD(11),
+                                            VLUT16_SPREAD(12), VLUT16_SPREAD(13), VLUT16_SPREAD(14), VLUT16_SPREAD(15));
+    return _mm512_permutexvar_ps(order, v);
+}
 static inline void vexpand_i8(__m128i b, vf *out) { out[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)); }
 /* The 16 bytes at p as floats of their low nibbles (lo[0 .. 16 / VL)) and of their high ones (hi[...]):
  * the bytes widened to 32-bit lanes first, where a mask and a shift give both */

@@ -21,6 +21,7 @@
  * the CPU.
  */
 #include <omp.h>
+#include <stdlib.h>
 
 #include "../prefetch.h"
 #include "../simd.h"
@@ -65,16 +66,19 @@ static inline void scale_min(const uint8_t *s, int j, int *sc, int *m) {
     }
 }
 
-/* Values [32 j, 32 j + 32) of the block at blk into w[0 .. 32 / VL). */
-static inline __attribute__((always_inline)) void decode(int type, const uint8_t *blk, int j, vf *w) {
+/* Values [32 j, 32 j + 32) of the block at blk into w[0 .. 32 / VL); where spread is set, a 4-bit type's
+ * in the lane order of ``vlut16_spread`` (``spreads``: the product's activations are put in that order).
+ * sd, sm: where not NULL, a Q4_0 / Q4_1 / Q8_0 block's d (and Q4_1's m) widened already (``row_scales``). */
+static inline __attribute__((always_inline)) void decode(int type, const uint8_t *blk, int j, vf *w, int spread,
+                                                         const float *sd, const float *sm) {
 #ifdef VLUT16
     /* 4-bit values through a table of the 16 weights a nibble can stand for, each computed as below */
     if (type == Q4_0 || type == Q4_1) {
-        const vf d = vset1(half(blk)), q = viota();
-        const vf table = type == Q4_1 ? vfmadd(d, q, vset1(half(blk + 2))) : vmul(d, vsub(q, vset1(8.0f)));
+        const vf d = vset1(sd ? *sd : half(blk)), q = viota();
+        const vf table = type == Q4_1 ? vfmadd(d, q, vset1(sm ? *sm : half(blk + 2))) : vmul(d, vsub(q, vset1(8.0f)));
         const uint8_t *qs = blk + (type == Q4_1 ? 4 : 2);
-        w[0] = vlut16_nibbles(qs, 0, table);
-        w[1] = vlut16_nibbles(qs, 1, table);
+        w[0] = spread ? vlut16_spread(qs, 0, table) : vlut16_nibbles(qs, 0, table);
+        w[1] = spread ? vlut16_spread(qs, 1, table) : vlut16_nibbles(qs, 1, table);
         return;
     }
     if (type == Q4_K) {
@@ -82,13 +86,15 @@ static inline __attribute__((always_inline)) void decode(int type, const uint8_t
         scale_min(blk + 4, j, &sc, &mn);
         const vf table = vfmadd(vset1(half(blk) * (float)sc), viota(), vset1(-(half(blk + 2) * (float)mn)));
         const uint8_t *qs = blk + 16 + 32 * (j / 2);
-        w[0] = vlut16_nibbles(qs, j & 1, table);
-        w[1] = vlut16_nibbles(qs + 16, j & 1, table);
+        w[0] = spread ? vlut16_spread(qs, j & 1, table) : vlut16_nibbles(qs, j & 1, table);
+        w[1] = spread ? vlut16_spread(qs + 16, j & 1, table) : vlut16_nibbles(qs + 16, j & 1, table);
         return;
     }
+#else
+    (void)spread;
 #endif
     if (type == Q8_0 || type == Q4_0 || type == Q4_1) {
-        const vf d = vset1(half(blk));
+        const vf d = vset1(sd ? *sd : half(blk));
         if (type == Q8_0) {
             vexpand_i8(_mm_loadu_si128((const __m128i *)(blk + 2)), w);
             vexpand_i8(_mm_loadu_si128((const __m128i *)(blk + 18)), w + 16 / VL);
@@ -97,7 +103,7 @@ static inline __attribute__((always_inline)) void decode(int type, const uint8_t
         }
         vnibbles(blk + (type == Q4_1 ? 4 : 2), w, w + 16 / VL);
         if (type == Q4_1) {
-            const vf m = vset1(half(blk + 2));
+            const vf m = vset1(sm ? *sm : half(blk + 2));
             for (int i = 0; i < SUB / VL; i++) w[i] = vfmadd(d, w[i], m);
         } else {
             const vf eight = vset1(8.0f);
@@ -139,6 +145,37 @@ static inline __attribute__((always_inline)) void decode(int type, const uint8_t
         w[i] = vmul(vset1(d * (float)scales[2 * j + (i * VL) / 16]), vsub(w[i], thirty_two));
 }
 
+/* Whether the product widens its rows' block scales up front (``row_scales``): on AVX-512, one block's fp16
+ * scale widened and broadcast as it is decoded takes shuffles, on the port that the table's permutes keep
+ * busy. (AVX2's gathers cost more than they save.) */
+static inline int widens_scales(int type) {
+#if VL == 16
+    return type == Q4_0 || type == Q4_1 || type == Q8_0;
+#else
+    (void)type;
+    return 0;
+#endif
+}
+
+/* The fp16 d (and Q4_1's m) of the nb consecutive blocks at r, widened into d[] (and m[]), which hold nb
+ * rounded up to 16: a gather of 16 blocks' first 4 bytes at a time (d, then m or two quants). */
+static inline __attribute__((always_inline)) void row_scales(int type, const uint8_t *r, int64_t nb, float *d,
+                                                             float *m) {
+#if VL == 16
+    const int bytes = block_bytes(type);
+    const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32(bytes));
+    for (int64_t b = 0; b < nb; b += 16) {
+        const __mmask16 k = nb - b >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (nb - b)) - 1);
+        const __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, at, r + b * bytes, 1);
+        _mm512_storeu_ps(d + b, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g)));
+        if (type == Q4_1) _mm512_storeu_ps(m + b, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16))));
+    }
+#else
+    (void)type, (void)r, (void)nb, (void)d, (void)m;
+#endif
+}
+
 /* Rows [n0, n1) of y[m, n] = x[m, :] . w[n, :] (+ bias[n]) for M (at most MAX_ROWS) rows of x. Inlined
  * into clones with M constant (``ROWS_TM``), so that the accumulators live in registers.
  *   M < 6: each row keeps two sets of SUB / VL accumulators, for even and odd sub-blocks: with one chain,
@@ -153,15 +190,22 @@ static inline __attribute__((always_inline)) void rows_impl(
     const int64_t qk = block_values(type), per = qk / SUB, subs = K / SUB, bytes = block_bytes(type);
     const int64_t row_bytes = K / qk * bytes, NB = VL == 16 && M >= 6 ? 2 : 1;
     const uint8_t *const end = w + n1 * row_bytes; /* of this call's rows */
+    /* where the scales are widened up front (then a block is a sub-block: per == 1), the rows' being read,
+     * as each pass starts: widened further ahead, the gathers waited on lines not yet fetched */
+    const int widen = widens_scales(type);
+    const int64_t ns = widen ? (NB * subs + 15) / 16 * 16 : 1;
+    float sd[ns], sm[ns];
     int64_t n = n0;
     for (; M >= 6 && n + NB <= n1; n += NB) {
         prefetch_stream(w + n * row_bytes, NB * row_bytes, end);
+        if (widen) row_scales(type, w + n * row_bytes, NB * subs, sd, sm); /* the rows' blocks are consecutive */
         vf acc[MAX_ROWS][2];
         for (int64_t m = 0; m < M; m++) acc[m][0] = acc[m][1] = vzero();
         for (int64_t sb = 0; sb < subs; sb++) {
             vf wv[2][SUB / VL];
             for (int64_t j = 0; j < NB; j++)
-                decode(type, w + (n + j) * row_bytes + sb / per * bytes, (int)(sb % per), wv[j]);
+                decode(type, w + (n + j) * row_bytes + sb / per * bytes, (int)(sb % per), wv[j], 1,
+                       widen ? sd + j * subs + sb : NULL, widen ? sm + j * subs + sb : NULL);
             for (int64_t m = 0; m < M; m++)
                 for (int i = 0; i < SUB / VL; i++) {
                     const vf xv = vload(x + m * K + sb * SUB + i * VL);
@@ -174,6 +218,7 @@ static inline __attribute__((always_inline)) void rows_impl(
     for (; n < n1; n++) {
         const uint8_t *wr = w + n * row_bytes;
         prefetch_stream(wr, row_bytes, end);
+        if (widen) row_scales(type, wr, subs, sd, sm);
         vf acc[MAX_ROWS][2][SUB / VL];
         for (int64_t m = 0; m < M; m++)
             for (int p = 0; p < 2; p++)
@@ -181,7 +226,8 @@ static inline __attribute__((always_inline)) void rows_impl(
         for (int64_t sb = 0; sb < subs; sb += 2) /* even sub-blocks into acc[.][0], odd into acc[.][1] */
             for (int p = 0; p < 2 && sb + p < subs; p++) {
                 vf wv[SUB / VL];
-                decode(type, wr + (sb + p) / per * bytes, (int)((sb + p) % per), wv);
+                decode(type, wr + (sb + p) / per * bytes, (int)((sb + p) % per), wv, 1,
+                       widen ? sd + sb + p : NULL, widen ? sm + sb + p : NULL);
                 for (int64_t m = 0; m < M; m++) {
                     const float *xm = x + m * K + (sb + p) * SUB;
                     for (int i = 0; i < SUB / VL; i++)
@@ -218,12 +264,40 @@ static void rows(int type, const float *x, int64_t M, const uint8_t *w, const fl
     by_m[M - 1](x, w, bias, y, ldy, K, n0, n1);
 }
 
+/* Whether this build's product decodes the type's blocks with their lanes spread (``decode``). */
+static inline int spreads(int type) {
+#ifdef VLUT16
+    return type == Q4_0 || type == Q4_1 || type == Q4_K;
+#else
+    (void)type;
+    return 0;
+#endif
+}
+
+/* The M rows of x with each 16 values in the order the spread weights have theirs, in this thread's buffer
+ * (grown as needed, kept for the next product); NULL where it cannot be had. */
+static const float *spread_rows(const float *x, int64_t M, int64_t K) {
+    static __thread float *buffer;
+    static __thread int64_t capacity;
+    if (M * K > capacity) {
+        free(buffer);
+        buffer = (float *)malloc((size_t)(M * K) * sizeof(float));
+        capacity = buffer ? M * K : 0;
+        if (!buffer) return NULL;
+    }
+#ifdef VLUT16
+    for (int64_t i = 0; i < M * K; i += 16) vstore(buffer + i, vspread(vload(x + i)));
+#endif
+    return buffer;
+}
+
 /* y[M, N] (row stride ldy) = x[M, K] . W^T (+ bias), W the N rows of blocks at w; K a multiple of the
- * type's block and M at most MAX_ROWS. Returns 0, or -1 where the type or the shape is not one this
- * kernel takes. */
+ * type's block and M at most MAX_ROWS. Returns 0, -1 where the type or the shape is not one this kernel
+ * takes, or -2 where its buffer could not be allocated. */
 int gguf_linear_f32(int type, const float *x, int64_t M, const uint8_t *w, const float *bias, float *y, int64_t ldy,
                     int64_t N, int64_t K, int threads) {
     if (!block_bytes(type) || K % block_values(type) || M < 1 || M > MAX_ROWS) return -1;
+    if (spreads(type) && !(x = spread_rows(x, M, K))) return -2;
     if (threads < 1) threads = 1;
     if (threads == 1 || N < 64) {
         rows(type, x, M, w, bias, y, ldy, K, 0, N);
@@ -247,7 +321,7 @@ int gguf_dequantize_f32(int type, const uint8_t *w, float *out, int64_t N, int64
         for (int64_t b = 0; b < nb; b++)
             for (int j = 0; j < qk / SUB; j++) {
                 vf wv[SUB / VL];
-                decode(type, w + (n * nb + b) * bytes, j, wv);
+                decode(type, w + (n * nb + b) * bytes, j, wv, 0, NULL, NULL);
                 for (int i = 0; i < SUB / VL; i++) vstore(out + n * K + b * qk + j * SUB + i * VL, wv[i]);
             }
     return 0;
