@@ -34,7 +34,8 @@ static inline __attribute__((always_inline)) void prefetch_block(const kv_elem *
 static inline __attribute__((always_inline)) void one_impl(
         const elem *q, const kv_elem *k_cache, const kv_elem *v_cache, const int64_t *table, int64_t len,
         elem *out, const int64_t G, int64_t NB, int64_t BS, const int64_t D, int64_t kvh, float scale,
-        int64_t first, float softcap, float *scores /* [G, len - lo rounded up to 16] */) {
+        int64_t first, float softcap, float *scores /* [G, len - lo rounded up to 16] */,
+        float *part /* NULL, or [G, D + 2]: out in fp32 with each head's score max and exp sum after it */) {
     /* keys [first, len) are seen (a sliding window starts past 0); the blocks before first's are not read,
      * so a window's freed blocks may hold anything. Scores are kept from lo, first's block's start. */
     const int64_t lo = first / BS * BS, span = len - lo;
@@ -93,7 +94,9 @@ static inline __attribute__((always_inline)) void one_impl(
             sum = vadd(sum, e);
             vstore(s + t, e);
         }
-        const vf inv = vset1(1.0f / vsum(sum));
+        const float total = vsum(sum);
+        if (part) part[g * (D + 2) + D] = vmaxall(m), part[g * (D + 2) + D + 1] = total;
+        const vf inv = vset1(1.0f / total);
         for (int64_t t = 0; t < stride; t += VL) vstore(s + t, vmul(vload(s + t), inv));
     }
     /* pass 2: out_g = sum_t p[g, t] v_t, fp32 accumulators, per tile of up to 4 heads x 64 columns */
@@ -122,6 +125,10 @@ static inline __attribute__((always_inline)) void one_impl(
             }
             for (int64_t g = 0; g < gt; g++)
                 for (int64_t j = 0; j < ct; j++) {
+                    if (part) {
+                        vstore(part + (g0 + g) * (D + 2) + c0 + j * VL, acc[g][j]);
+                        continue;
+                    }
                     float tmp[VL];
                     vstore(tmp, acc[g][j]);
                     for (int e = 0; e < VL; e++) out[(g0 + g) * D + c0 + j * VL + e] = to_e(tmp[e]);
@@ -133,8 +140,8 @@ static inline __attribute__((always_inline)) void one_impl(
 #define ONE_FIXED(g, d)                                                                                       \
     static void one_g##g##_d##d(const elem *q, const kv_elem *kc, const kv_elem *vc, const int64_t *tb,        \
                                 int64_t len, elem *out, int64_t NB, int64_t BS, int64_t kvh, float scale,  \
-                                int64_t first, float softcap, float *scores) {                                \
-        one_impl(q, kc, vc, tb, len, out, g, NB, BS, d, kvh, scale, first, softcap, scores);                   \
+                                int64_t first, float softcap, float *scores, float *part) {                   \
+        one_impl(q, kc, vc, tb, len, out, g, NB, BS, d, kvh, scale, first, softcap, scores, part);             \
     }
 ONE_FIXED(1, 64) ONE_FIXED(2, 64) ONE_FIXED(3, 64) ONE_FIXED(4, 64) ONE_FIXED(5, 64) ONE_FIXED(6, 64)
 ONE_FIXED(7, 64) ONE_FIXED(8, 64)
@@ -142,7 +149,7 @@ ONE_FIXED(1, 128) ONE_FIXED(2, 128) ONE_FIXED(3, 128) ONE_FIXED(4, 128) ONE_FIXE
 ONE_FIXED(7, 128) ONE_FIXED(8, 128)
 
 typedef void (*one_fn)(const elem *, const kv_elem *, const kv_elem *, const int64_t *, int64_t, elem *,
-                       int64_t, int64_t, int64_t, float, int64_t, float, float *);
+                       int64_t, int64_t, int64_t, float, int64_t, float, float *, float *);
 
 /* The clone for (G, D), or 0: those shapes take the generic body. */
 static one_fn one_fixed(int64_t G, int64_t D) {
@@ -156,8 +163,45 @@ static one_fn one_fixed(int64_t G, int64_t D) {
 
 static void one(const elem *q, const kv_elem *k_cache, const kv_elem *v_cache, const int64_t *table,
                 int64_t len, elem *out, int64_t G, int64_t NB, int64_t BS, int64_t D, int64_t kvh,
-                float scale, int64_t first, float softcap, float *scores) {
-    one_impl(q, k_cache, v_cache, table, len, out, G, NB, BS, D, kvh, scale, first, softcap, scores);
+                float scale, int64_t first, float softcap, float *scores, float *part) {
+    one_impl(q, k_cache, v_cache, table, len, out, G, NB, BS, D, kvh, scale, first, softcap, scores, part);
+}
+
+/* How many parts each (sequence, KV head) item's keys are cut into, so that a step of fewer items than
+ * threads keeps them all busy (a lone sequence's 3 KV heads on 2 threads left one thread idle a third of
+ * the time): enough parts for two units a thread, as many units on each thread, parts of 4 blocks or more
+ * (shorter ones measured slower than none). */
+static int64_t parts_of(int64_t items, int64_t max_len, int64_t BS, int threads) {
+    if (threads < 2 || items >= 2 * threads) return 1;
+    int64_t S = (2 * threads + items - 1) / items;
+    while ((items * S) % threads) S++;
+    while (S > 1 && max_len < 4 * S * BS) S--;
+    return S > 8 ? 8 : S;
+}
+
+/* out_g of one item from its S parts' fp32 outputs, each softmax-normalized over its own keys: weighted by
+ * the part's share of the whole exp sum (exp of its max against the largest). A part with no keys has sum 0. */
+static void combine(const float *parts, int64_t S, int64_t G, int64_t D, elem *out) {
+    for (int64_t g = 0; g < G; g++) {
+        float top = -INFINITY, total = 0.0f, w[8];
+        for (int64_t s = 0; s < S; s++) {
+            const float *st = parts + (s * G + g) * (D + 2) + D;
+            if (st[1] > 0.0f && st[0] > top) top = st[0];
+        }
+        for (int64_t s = 0; s < S; s++) {
+            const float *st = parts + (s * G + g) * (D + 2) + D;
+            w[s] = st[1] > 0.0f ? st[1] * expf(st[0] - top) : 0.0f;
+            total += w[s];
+        }
+        for (int64_t d0 = 0; d0 < D; d0 += VL) {
+            vf acc = vzero();
+            for (int64_t s = 0; s < S; s++)
+                if (w[s] > 0.0f) acc = vfmadd(vset1(w[s] / total), vload(parts + (s * G + g) * (D + 2) + d0), acc);
+            float tmp[VL];
+            vstore(tmp, acc);
+            for (int e = 0; e < VL; e++) out[g * D + d0 + e] = to_e(tmp[e]);
+        }
+    }
 }
 
 /* q [B, H, D] with contiguous heads and rows q_row_stride elements apart (the q columns of a fused q|k
@@ -180,11 +224,16 @@ int ELEM(paged_decode)(const elem *q, int64_t q_row_stride, const kv_elem *k_cac
     const int64_t per_item = G * ((max_len + 15) / 16 * 16);
     if (threads < 1) threads = 1;
     const one_fn fixed = one_fixed(G, D);
-    /* chunks of at most 16 items and at most a quarter of a thread's share, dealt in turn, so that each
-     * thread gets about as much work where items differ in length (a prefill chunk's rows grow) and where
+    /* units: (item, part) with items (sequence, KV head); an item's keys are cut into S parts where the
+     * items alone are too few for the threads */
+    const int64_t items = B * KVH, S = parts_of(items, max_len, BS, threads), units = items * S;
+    float *parts = S > 1 ? (float *)malloc(sizeof(float) * (size_t)(units * G * (D + 2))) : NULL;
+    if (S > 1 && !parts) return -2;
+    /* chunks of at most 16 units and at most a quarter of a thread's share, dealt in turn, so that each
+     * thread gets about as much work where units differ in length (a prefill chunk's rows grow) and where
      * they are few (chunks of 16 would deal 16 sequences x 3 KV heads as 32 items to one thread, 16 to
      * the other) */
-    const int64_t quarter = B * KVH / (4 * threads);
+    const int64_t quarter = units / (4 * threads);
     const int64_t chunk = quarter > 16 ? 16 : quarter > 1 ? quarter : 1;
     int failed = 0;
 #pragma omp parallel num_threads(threads)
@@ -195,14 +244,23 @@ int ELEM(paged_decode)(const elem *q, int64_t q_row_stride, const kv_elem *k_cac
             failed = 1;
         }
 #pragma omp for schedule(static, chunk)
-        for (int64_t item = 0; item < B * KVH; item++) {
+        for (int64_t unit = 0; unit < units; unit++) {
             if (!scores) continue;
-            const int64_t b = item / KVH, h = item % KVH;
+            const int64_t item = unit / S, s = unit % S, b = item / KVH, h = item % KVH;
             const int64_t len = seq_lens[b];
             const int64_t *table = block_tables + (row_seq ? row_seq[b] : b) * table_stride;
+            float *part = parts ? parts + (item * S + s) * G * (D + 2) : NULL;
+            if (part)
+                for (int64_t g = 0; g < G; g++) part[g * (D + 2) + D + 1] = 0.0f; /* no keys yet */
             if (len <= 0) continue;
-            const int64_t first = window > 0 && len > window ? len - window : 0;
-            if (item + 1 < B * KVH) { /* the next item's first keys, while this one is attended */
+            int64_t first = window > 0 && len > window ? len - window : 0, end = len;
+            if (S > 1) { /* this part's blocks of the item's */
+                const int64_t lo = first / BS * BS, blocks = (len - lo + BS - 1) / BS;
+                const int64_t a = lo + blocks * s / S * BS, z = lo + blocks * (s + 1) / S * BS;
+                first = a > first ? a : first, end = z < len ? z : len;
+                if (first >= end) continue;
+            }
+            if (unit + 1 < units && (unit + 1) % S == 0) { /* the next item's first keys, while this one is attended */
                 const int64_t nb = (item + 1) / KVH, nh = (item + 1) % KVH, nlen = seq_lens[nb];
                 const int64_t *nt = block_tables + (row_seq ? row_seq[nb] : nb) * table_stride;
                 const int64_t nlo = (window > 0 && nlen > window ? nlen - window : 0) / BS * BS;
@@ -211,14 +269,21 @@ int ELEM(paged_decode)(const elem *q, int64_t q_row_stride, const kv_elem *k_cac
                                    (nlen - nlo - k * BS < BS ? nlen - nlo - k * BS : BS) * D);
             }
             if (fixed)
-                fixed(q + b * q_row_stride + h * G * D, k_cache, v_cache, table, len,
-                      out + (b * H + h * G) * D, NB, BS, h, scale, first, softcap, scores);
+                fixed(q + b * q_row_stride + h * G * D, k_cache, v_cache, table, end,
+                      out + (b * H + h * G) * D, NB, BS, h, scale, first, softcap, scores, part);
             else
-                one(q + b * q_row_stride + h * G * D, k_cache, v_cache, table, len,
-                    out + (b * H + h * G) * D, G, NB, BS, D, h, scale, first, softcap, scores);
+                one(q + b * q_row_stride + h * G * D, k_cache, v_cache, table, end,
+                    out + (b * H + h * G) * D, G, NB, BS, D, h, scale, first, softcap, scores, part);
         }
         free(scores);
+        if (parts) { /* after the loop's barrier: every part is in */
+#pragma omp for schedule(static)
+            for (int64_t item = 0; item < items; item++)
+                if (seq_lens[item / KVH] > 0)
+                    combine(parts + item * S * G * (D + 2), S, G, D, out + ((item / KVH) * H + (item % KVH) * G) * D);
+        }
     }
+    free(parts);
     return failed ? -2 : 0;
 }
 

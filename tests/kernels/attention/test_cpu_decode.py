@@ -59,6 +59,34 @@ def test_matches_fp64_attention(kvh, g, d, bs, dtype):
         torch.testing.assert_close(out.double(), want, atol=2e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("threads", [2, 3, 4])
+def test_few_long_sequences_split_their_keys_among_the_threads(dtype, threads):
+    """Fewer (sequence, KV head) items than twice the threads: each item's keys are cut into parts, one per
+    unit of work, and the parts' softmaxes merged; the same attention as in one piece (here against fp64,
+    and under a sliding window and a softcap against the one-thread answer, which takes no parts). The
+    second sequence is too short to fill every part."""
+    if not cpu_decode.available(dtype):
+        pytest.skip(f"no {dtype} build here")
+    q, k_cache, v_cache, tables, seq_lens = make_case([700, 40], 1, 3, 64, 16, dtype=dtype)
+    scale = 0.125
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        whole = [cpu_decode.paged_decode(q, k_cache, v_cache, tables, seq_lens, scale, window=w, softcap=c)
+                 for w, c in ((0, 0.0), (300, 0.0), (0, 5.0))]
+        torch.set_num_threads(threads)
+        split = [cpu_decode.paged_decode(q, k_cache, v_cache, tables, seq_lens, scale, window=w, softcap=c)
+                 for w, c in ((0, 0.0), (300, 0.0), (0, 5.0))]
+    finally:
+        torch.set_num_threads(saved)
+    want = dense_ref(q, k_cache, v_cache, tables, seq_lens, scale)
+    tol = dict(atol=1e-2, rtol=8e-3) if dtype == torch.bfloat16 else dict(atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(split[0].double(), want, **tol)
+    for a, b in zip(whole, split):
+        torch.testing.assert_close(b.double(), a.double(), **tol)
+
+
 def test_strided_query_rows_are_read_in_place():
     """q as the q columns of a fused q|k output (rows strided, heads contiguous) gives the contiguous answer."""
     q, k_cache, v_cache, tables, seq_lens = make_case([5, 70, 33], 3, 3, 64, 16)
