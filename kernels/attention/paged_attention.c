@@ -35,7 +35,8 @@ static inline __attribute__((always_inline)) void one_impl(
         const elem *q, const kv_elem *k_cache, const kv_elem *v_cache, const int64_t *table, int64_t len,
         elem *out, const int64_t G, int64_t NB, int64_t BS, const int64_t D, int64_t kvh, float scale,
         int64_t first, float softcap, float *scores /* [G, len - lo rounded up to 16] */,
-        float *part /* NULL, or [G, D + 2]: out in fp32 with each head's score max and exp sum after it */) {
+        float *part /* NULL, or [G, D + 2]: out in fp32 with each head's score max and exp sum after it */,
+        int stream /* the keys come from memory: ask for them ahead (not where an earlier row read them) */) {
     /* keys [first, len) are seen (a sliding window starts past 0); the blocks before first's are not read,
      * so a window's freed blocks may hold anything. Scores are kept from lo, first's block's start. */
     const int64_t lo = first / BS * BS, span = len - lo;
@@ -47,7 +48,7 @@ static inline __attribute__((always_inline)) void one_impl(
         const kv_elem *kb = k_cache + head_base + table[t0 / BS] * BS * D;
         const int64_t n = len - t0 < BS ? len - t0 : BS;
         /* the value rows are fetched beside the keys, so that pass 2 reads them from cache */
-        if (t0 == lo) {
+        if (stream && t0 == lo) {
             prefetch_block(v_cache + head_base + table[lo / BS] * BS * D, n * D);
             for (int64_t k = 1; k < AHEAD && lo + k * BS < len; k++) {
                 prefetch_block(k_cache + head_base + table[lo / BS + k] * BS * D, BS * D);
@@ -56,7 +57,7 @@ static inline __attribute__((always_inline)) void one_impl(
         }
         /* the block AHEAD on is asked for VL rows at a time, as these are read: asked for whole, its lines
          * queued ahead of this block's own loads and left the arithmetic waiting on them */
-        const int64_t ahead = t0 + AHEAD * BS < len ? head_base + table[t0 / BS + AHEAD] * BS * D : -1;
+        const int64_t ahead = stream && t0 + AHEAD * BS < len ? head_base + table[t0 / BS + AHEAD] * BS * D : -1;
         for (int64_t i0 = 0; i0 < n; i0 += VL) {
             const vcount m = vtail(n, i0);
             if (ahead >= 0) {
@@ -66,13 +67,23 @@ static inline __attribute__((always_inline)) void one_impl(
             for (int64_t g = 0; g < G; g++) {
                 const elem *qg = q + g * D;
                 vf part[VL];
-                for (int64_t j = 0; j < VL; j++) {
-                    vf acc = vzero();
-                    if (j < m) {
+                if (m == VL) { /* a whole vector of keys: unrolled, so that the partial sums stay in registers */
+#pragma GCC unroll 16
+                    for (int64_t j = 0; j < VL; j++) {
+                        vf acc = vzero();
                         const kv_elem *kr = kb + (i0 + j) * D;
                         for (int64_t d = 0; d < D; d += VDOT_QK) acc = vdot_qk(acc, qg + d, kr + d);
+                        part[j] = acc;
                     }
-                    part[j] = acc;
+                } else {
+                    for (int64_t j = 0; j < VL; j++) {
+                        vf acc = vzero();
+                        if (j < m) {
+                            const kv_elem *kr = kb + (i0 + j) * D;
+                            for (int64_t d = 0; d < D; d += VDOT_QK) acc = vdot_qk(acc, qg + d, kr + d);
+                        }
+                        part[j] = acc;
+                    }
                 }
                 vstore_n(scores + g * stride + t0 - lo + i0, vmul(vsum_each(part), vscale), m);
             }
@@ -140,8 +151,8 @@ static inline __attribute__((always_inline)) void one_impl(
 #define ONE_FIXED(g, d)                                                                                       \
     static void one_g##g##_d##d(const elem *q, const kv_elem *kc, const kv_elem *vc, const int64_t *tb,        \
                                 int64_t len, elem *out, int64_t NB, int64_t BS, int64_t kvh, float scale,  \
-                                int64_t first, float softcap, float *scores, float *part) {                   \
-        one_impl(q, kc, vc, tb, len, out, g, NB, BS, d, kvh, scale, first, softcap, scores, part);             \
+                                int64_t first, float softcap, float *scores, float *part, int stream) {       \
+        one_impl(q, kc, vc, tb, len, out, g, NB, BS, d, kvh, scale, first, softcap, scores, part, stream);     \
     }
 ONE_FIXED(1, 64) ONE_FIXED(2, 64) ONE_FIXED(3, 64) ONE_FIXED(4, 64) ONE_FIXED(5, 64) ONE_FIXED(6, 64)
 ONE_FIXED(7, 64) ONE_FIXED(8, 64)
@@ -149,7 +160,7 @@ ONE_FIXED(1, 128) ONE_FIXED(2, 128) ONE_FIXED(3, 128) ONE_FIXED(4, 128) ONE_FIXE
 ONE_FIXED(7, 128) ONE_FIXED(8, 128)
 
 typedef void (*one_fn)(const elem *, const kv_elem *, const kv_elem *, const int64_t *, int64_t, elem *,
-                       int64_t, int64_t, int64_t, float, int64_t, float, float *, float *);
+                       int64_t, int64_t, int64_t, float, int64_t, float, float *, float *, int);
 
 /* The clone for (G, D), or 0: those shapes take the generic body. */
 static one_fn one_fixed(int64_t G, int64_t D) {
@@ -163,8 +174,8 @@ static one_fn one_fixed(int64_t G, int64_t D) {
 
 static void one(const elem *q, const kv_elem *k_cache, const kv_elem *v_cache, const int64_t *table,
                 int64_t len, elem *out, int64_t G, int64_t NB, int64_t BS, int64_t D, int64_t kvh,
-                float scale, int64_t first, float softcap, float *scores, float *part) {
-    one_impl(q, k_cache, v_cache, table, len, out, G, NB, BS, D, kvh, scale, first, softcap, scores, part);
+                float scale, int64_t first, float softcap, float *scores, float *part, int stream) {
+    one_impl(q, k_cache, v_cache, table, len, out, G, NB, BS, D, kvh, scale, first, softcap, scores, part, stream);
 }
 
 /* How many parts each (sequence, KV head) item's keys are cut into, so that a step of fewer items than
@@ -260,8 +271,12 @@ int ELEM(paged_decode)(const elem *q, int64_t q_row_stride, const kv_elem *k_cac
                 first = a > first ? a : first, end = z < len ? z : len;
                 if (first >= end) continue;
             }
-            if (unit + 1 < units && (unit + 1) % S == 0) { /* the next item's first keys, while this one is attended */
-                const int64_t nb = (item + 1) / KVH, nh = (item + 1) % KVH, nlen = seq_lens[nb];
+            /* a row whose sequence the row before read (a prefill chunk's) finds its keys in cache */
+            const int stream = !row_seq || b == 0 || row_seq[b] != row_seq[b - 1];
+            const int64_t nb = (item + 1) / KVH;
+            if (unit + 1 < units && (unit + 1) % S == 0 && (!row_seq || nb == 0 || row_seq[nb] != row_seq[nb - 1])) {
+                /* the next item's first keys, while this one is attended */
+                const int64_t nh = (item + 1) % KVH, nlen = seq_lens[nb];
                 const int64_t *nt = block_tables + (row_seq ? row_seq[nb] : nb) * table_stride;
                 const int64_t nlo = (window > 0 && nlen > window ? nlen - window : 0) / BS * BS;
                 for (int64_t k = 0; k < 2 && nlo + k * BS < nlen; k++)
@@ -270,10 +285,10 @@ int ELEM(paged_decode)(const elem *q, int64_t q_row_stride, const kv_elem *k_cac
             }
             if (fixed)
                 fixed(q + b * q_row_stride + h * G * D, k_cache, v_cache, table, end,
-                      out + (b * H + h * G) * D, NB, BS, h, scale, first, softcap, scores, part);
+                      out + (b * H + h * G) * D, NB, BS, h, scale, first, softcap, scores, part, stream);
             else
                 one(q + b * q_row_stride + h * G * D, k_cache, v_cache, table, end,
-                    out + (b * H + h * G) * D, G, NB, BS, D, h, scale, first, softcap, scores, part);
+                    out + (b * H + h * G) * D, G, NB, BS, D, h, scale, first, softcap, scores, part, stream);
         }
         free(scores);
         if (parts) { /* after the loop's barrier: every part is in */
