@@ -23,34 +23,30 @@ from actorserve import LLM, SamplingParams
 from actorserve.kernels import capability
 
 
-def gemm_rate(dtype: torch.dtype, m: int = 1024, k: int = 576, n: int = 1536) -> float:
-    a, w = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
+def _rate(product, m: int, k: int, n: int) -> float:
+    """FLOP/s of product() on an [m, k] by [k, n] problem: the mean of 20 calls after 3 to warm up."""
     for _ in range(3):
-        torch.nn.functional.linear(a, w)
+        product()
     reps = 20
     start = time.perf_counter()
     for _ in range(reps):
-        torch.nn.functional.linear(a, w)
+        product()
     return 2 * m * k * n * reps / (time.perf_counter() - start)
+
+
+def gemm_rate(dtype: torch.dtype, m: int = 1024, k: int = 576, n: int = 1536) -> float:
+    a, w = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
+    return _rate(lambda: torch.nn.functional.linear(a, w), m, k, n)
 
 
 def q8_rate(m: int = 1024, k: int = 576, n: int = 1536) -> float:
-    """The q8 products' rate on Q4_1 blocks of this shape (random quants and scales)."""
-    from actorserve.kernels.gemm import gguf, gguf_q8
-    from actorserve.kernels.gemm.gguf import GgufWeight, Segment
+    """The q8 products' rate on Q4_1 blocks of this shape (gguf_paths' random quants and scales)."""
+    from actorserve.kernels.gemm import gguf_q8
+    from gguf_paths import _blocks  # beside this script
 
-    rng = np.random.default_rng(0)
-    raw = rng.integers(0, 256, size=(n * (k // 32), gguf.TYPES["Q4_1"][2]), dtype=np.uint8)
-    raw[:, 0:4] = (rng.standard_normal((n * (k // 32), 2)) * 0.02).astype(np.float16).view(np.uint8)
-    w = gguf_q8.GgufQ8Weight(GgufWeight([Segment("Q4_1", torch.from_numpy(raw.reshape(n, -1).copy()), 0, n)], k))
+    w = gguf_q8.GgufQ8Weight(_blocks("Q4_1", n, k, np.random.default_rng(0)))
     a = torch.randn(m, k)
-    for _ in range(3):
-        w.apply(a)
-    reps = 20
-    start = time.perf_counter()
-    for _ in range(reps):
-        w.apply(a)
-    return 2 * m * k * n * reps / (time.perf_counter() - start)
+    return _rate(lambda: w.apply(a), m, k, n)
 
 
 def prefill_seconds(llm: LLM, tokens: int = 512, runs: int = 3) -> float:
