@@ -65,6 +65,22 @@ def test_products_match_the_dense_fp32_product(type_name, m):
         assert_same_up_to_sum_order(w.apply(x, bb), x, dense, bb)
 
 
+@pytest.mark.parametrize("type_name", sorted(gguf.TYPES))
+def test_the_products_weights_are_the_reference_bits(type_name):
+    """Rows of x that pick one column each give that column's weights exactly: the product (at every row
+    count the kernel takes) decodes each weight to the reference's value, which a bound on the sum's
+    rounding would not tell (a sum of one product and zeros has no rounding of its own)."""
+    n, k = 70, 768
+    b = blocks(type_name, n, k, seed=5)
+    w = GgufWeight([Segment(type_name, b, 0, n)], k)
+    dense = reference(type_name, b, n, k)
+    cols = torch.tensor([0, 1, 31, 32, 200, 255, 256, 767])
+    for m in range(1, 9):
+        x = torch.zeros(m, k)
+        x[torch.arange(m), cols[:m]] = 1.0
+        assert torch.equal(w.apply(x), dense[:, cols[:m]].T)
+
+
 def fused(parts: list[tuple[str, int]], k: int) -> tuple[list[Segment], torch.Tensor]:
     """Segments of random blocks of these (type, rows) in order, and the dense matrix they stand for."""
     segments, dense, at = [], [], 0
