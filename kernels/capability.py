@@ -257,11 +257,14 @@ def current() -> CpuPaths:
 def hold_libraries(isa: Optional[str]) -> dict[str, str]:
     """For a benchmark process under ``ACTORSERVE_CPU_ISA``: torch's libraries held at that level too, in
     this process (before anything computes) and the ones it starts, so that the lesser CPU is emulated
-    whole, peers included. Returns the variables in force; raises where a library already runs above."""
+    whole, peers included. Returns the variables in force; raises where a library already runs above. An
+    unset or empty variable (``isa`` None or "") holds nothing, as the engine's config reads it."""
     import os
 
-    if isa is None:
+    if not isa:
         return {}
+    if isa not in ISAS:
+        raise ValueError(f"ACTORSERVE_CPU_ISA must be one of {ISAS}, got {isa!r}")
     env = library_env(isa, hardware_features().isa)
     for name, value in env.items():
         os.environ.setdefault(name, value)

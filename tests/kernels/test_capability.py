@@ -122,6 +122,14 @@ def test_library_env_only_ever_lowers_torchs_libraries():
     assert capability.library_env("generic", "avx2")["ATEN_CPU_CAPABILITY"] == "default"
 
 
+def test_holding_the_libraries_reads_the_variable_as_the_config_does():
+    """An empty ACTORSERVE_CPU_ISA holds nothing (the engine's config reads it as unset); a misspelt one is
+    refused by name, not with an index error."""
+    assert capability.hold_libraries("") == {} and capability.hold_libraries(None) == {}
+    with pytest.raises(ValueError, match="ACTORSERVE_CPU_ISA must be one of"):
+        capability.hold_libraries("AVX2")
+
+
 @pytest.mark.skipif(capability.hardware_features().isa != "avx512", reason="needs a CPU above AVX2")
 def test_a_process_holding_its_libraries_runs_torch_at_that_level():
     """What the variables do: torch's vectorised operators at AVX2 and no oneDNN bf16 GEMM, as on an
