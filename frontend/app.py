@@ -26,7 +26,7 @@ from actorserve.runtime.errors import EngineDeadError, EngineSleepingError
 
 log = logging.getLogger("actorserve.frontend")
 
-_WITHOUT_ENGINE = ("/health", "/version")  # answered while the engine starts
+_WITHOUT_ENGINE = ("/health", "/ping", "/version")  # answered while the engine starts
 _WITH_KEY = ("/v1", "/sleep", "/wake_up", "/is_sleeping")  # what --api-key guards
 
 
@@ -70,6 +70,8 @@ def build_app(ctx: ServingContext, api_key: Optional[str] = None) -> FastAPI:
                                            for name in ctx.served_model_names or (ctx.model_name,)]}
 
     @app.get("/health")
+    @app.get("/ping")  # vLLM's alias of /health (SageMaker's name for it), also as a POST
+    @app.post("/ping")
     async def health():
         if ctx.starting_or_failed():
             return Response(status_code=503)

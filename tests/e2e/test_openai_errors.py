@@ -74,3 +74,5 @@ def test_unknown_route_is_404_in_the_openai_shape(server):
 
 def test_health_is_open(server):
     assert http("GET", server.base_url + "/health").status_code == 200
+    for method in ("GET", "POST"):  # vLLM's alias
+        assert http(method, server.base_url + "/ping").status_code == 200
