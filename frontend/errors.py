@@ -20,11 +20,15 @@ class APIError(Exception):
         self.param = param
 
     @classmethod
-    def bad_request(cls, exc: Exception) -> "APIError":
-        """A ValueError from validation; its message starts with the field it names."""
+    def bad_request(cls, exc: Exception, names: Optional[dict[str, str]] = None) -> "APIError":
+        """A ValueError from validation; its message starts with the field it names. names: the request's
+        own name for an engine field it was given under another (chat's top_logprobs for logprobs)."""
         text = str(exc)
         match = _FIELD.match(text)
-        return cls(400, text, match.group(1) if match else None)
+        field = match.group(1) if match else None
+        if field is not None and names and field in names:
+            field, text = names[field], names[field] + text[len(field):]
+        return cls(400, text, field)
 
 
 def error_body(status: int, message: str, param: Optional[str] = None) -> dict:

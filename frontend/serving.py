@@ -109,8 +109,9 @@ class ServingContext:
             log.warning("request %s: ignored fields the server does not know: %s", request_id, ", ".join(unknown))
 
     def build_params(self, request, prompt: "Prompt", max_tokens: Optional[int], logprobs: Optional[int],
-                     prompt_logprobs: Optional[int] = None) -> SamplingParams:
-        """The engine's own checks, as a 400 naming the field; max_tokens None: the rest of the context.
+                     prompt_logprobs: Optional[int] = None, names: Optional[dict[str, str]] = None) -> SamplingParams:
+        """The engine's own checks, as a 400 naming the field (by the request's name for it, ``names``);
+        max_tokens None: the rest of the context.
         The prompt is truncated here first when the request asks (``truncate_prompt_tokens``), so the
         checks, the echo and the usage all see the prompt the engine runs."""
         try:
@@ -125,7 +126,7 @@ class ServingContext:
             params = request.sampling_params(max_tokens, logprobs, prompt_logprobs, self.default_sampling)
             verify_request(prompt.token_ids, params, self.limits)
         except ValueError as exc:
-            raise APIError.bad_request(exc) from None
+            raise APIError.bad_request(exc, names) from None
         return params
 
     async def started(self, prompt: "Prompt", params: SamplingParams, request_id: str) -> AsyncIterator[RequestOutput]:

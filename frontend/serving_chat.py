@@ -56,7 +56,10 @@ class ChatServing:
                                    request.documents, template_kwargs, request.add_special_tokens)
         requested = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
         logprobs = (request.top_logprobs or 0) if request.logprobs else None
-        params = self.ctx.build_params(request, prompt, requested, logprobs, request.prompt_logprobs)
+        names = {"logprobs": "top_logprobs"}
+        if request.max_completion_tokens is not None:
+            names["max_tokens"] = "max_completion_tokens"
+        params = self.ctx.build_params(request, prompt, requested, logprobs, request.prompt_logprobs, names)
         return prompt, params, mode
 
     async def create(self, request: ChatCompletionRequest, request_id: str) -> dict:
