@@ -32,6 +32,21 @@ KV_SPACE_ENV = "ACTORSERVE_CPU_KVCACHE_SPACE"  # GiB, as vLLM's VLLM_CPU_KVCACHE
 KV_CACHE_DTYPES = ("auto", "bfloat16")
 
 
+
+_FLAG_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+
+
+def env_flag(name: str, default: bool) -> bool:
+    """A boolean environment variable: unset or empty is the default; 1 / true / yes / on and 0 / false / no
+    / off in any case; anything else is refused, so that a misspelt "off" does not leave a path on."""
+    text = os.environ.get(name, "").strip().lower()
+    if not text:
+        return default
+    if text not in _FLAG_WORDS:
+        raise ValueError(f"{name} must be one of 1, true, yes, on, 0, false, no, off; got {os.environ[name]!r}")
+    return _FLAG_WORDS[text]
+
+
 def option(default: Any = None, help: str = "", *, factory: Optional[Callable[[], Any]] = None,
            cli: bool = True, choices: Optional[Sequence[Any]] = None, aliases: Sequence[str] = (),
            parse: Optional[Callable[[str], Any]] = None) -> Any:
@@ -275,7 +290,7 @@ class DeviceConfig:
     cpu_isa: Optional[str] = option(help="the fast paths of a lesser CPU than this one (as ACTORSERVE_CPU_ISA)",
                                     factory=lambda: os.environ.get("ACTORSERVE_CPU_ISA") or None, choices=ISAS)
     cpu_kernels: bool = option(help="the C kernels and prepacking (ACTORSERVE_CPU_KERNELS=0 switches them off)",
-                               factory=lambda: os.environ.get("ACTORSERVE_CPU_KERNELS", "1") != "0")
+                               factory=lambda: env_flag("ACTORSERVE_CPU_KERNELS", True))
     # The paths the gates chose, resolved once while the config is built (``resolve``); None until then
     cpu_paths: Optional[CpuPaths] = option(None, cli=False)
 

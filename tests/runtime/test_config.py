@@ -37,3 +37,16 @@ def test_kv_cache_dtype_takes_vllms_spellings_it_builds():
     assert EngineConfig.from_engine_args(kv_cache_dtype="bfloat16").cache.kv_cache_dtype == "bfloat16"
     with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
         EngineConfig.from_engine_args(kv_cache_dtype="fp8")  # vLLM's, not built here
+
+
+@pytest.mark.parametrize("value,on", [("", True), ("1", True), ("on", True), ("TRUE", True), ("0", False),
+                                      ("false", False), ("Off", False), ("no", False)])
+def test_the_kernels_switch_reads_the_usual_spellings(monkeypatch, value, on):
+    monkeypatch.setenv("ACTORSERVE_CPU_KERNELS", value)
+    assert EngineConfig.from_engine_args().device.cpu_kernels is on
+
+
+def test_a_misspelt_kernels_switch_is_refused(monkeypatch):
+    monkeypatch.setenv("ACTORSERVE_CPU_KERNELS", "of")
+    with pytest.raises(ValueError, match="ACTORSERVE_CPU_KERNELS must be one of"):
+        EngineConfig.from_engine_args()
