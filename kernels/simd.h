@@ -45,6 +45,15 @@ static inline __mmask16 lanes(vcount n) { return n >= 16 ? (__mmask16)0xffff : (
 static inline vf vzero(void) { return _mm512_setzero_ps(); }
 static inline vf vset1(float x) { return _mm512_set1_ps(x); }
 static inline vf viota(void) { return _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
+/* The fp16 values at p and p + 2, each widened into every lane: a 32-bit broadcast load, one convert and
+ * two in-lane duplicates, where widening and broadcasting each value alone takes twice the shuffles */
+static inline void vset1_halves(const uint8_t *p, vf *a, vf *b) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    const vf both = _mm512_cvtph_ps(_mm256_set1_epi32(v));
+    *a = _mm512_moveldup_ps(both);
+    *b = _mm512_movehdup_ps(both);
+}
 static inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
 static inline vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
 static inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
@@ -179,6 +188,13 @@ static inline __m256i lanes(vcount n) {
 static inline vf vzero(void) { return _mm256_setzero_ps(); }
 static inline vf vset1(float x) { return _mm256_set1_ps(x); }
 static inline vf viota(void) { return _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7); }
+static inline void vset1_halves(const uint8_t *p, vf *a, vf *b) { /* as above */
+    int32_t v;
+    memcpy(&v, p, 4);
+    const vf both = _mm256_cvtph_ps(_mm_set1_epi32(v));
+    *a = _mm256_moveldup_ps(both);
+    *b = _mm256_movehdup_ps(both);
+}
 static inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
 static inline vf vsub(vf a, vf b) { return _mm256_sub_ps(a, b); }
 static inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }

@@ -94,7 +94,13 @@ static inline __attribute__((always_inline)) void decode(int type, const uint8_t
     (void)spread;
 #endif
     if (type == Q8_0 || type == Q4_0 || type == Q4_1) {
-        const vf d = vset1(sd ? *sd : half(blk));
+        vf d, m; /* m: Q4_1's; the other types' two bytes after d are quants, and m goes unused */
+        if (sd) {
+            d = vset1(*sd);
+            m = vset1(type == Q4_1 ? *sm : 0.0f);
+        } else {
+            vset1_halves(blk, &d, &m);
+        }
         if (type == Q8_0) {
             vexpand_i8(_mm_loadu_si128((const __m128i *)(blk + 2)), w);
             vexpand_i8(_mm_loadu_si128((const __m128i *)(blk + 18)), w + 16 / VL);
@@ -103,7 +109,6 @@ static inline __attribute__((always_inline)) void decode(int type, const uint8_t
         }
         vnibbles(blk + (type == Q4_1 ? 4 : 2), w, w + 16 / VL);
         if (type == Q4_1) {
-            const vf m = vset1(sm ? *sm : half(blk + 2));
             for (int i = 0; i < SUB / VL; i++) w[i] = vfmadd(d, w[i], m);
         } else {
             const vf eight = vset1(8.0f);
