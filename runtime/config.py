@@ -31,8 +31,6 @@ KV_SPACE_ENV = "ACTORSERVE_CPU_KVCACHE_SPACE"  # GiB, as vLLM's VLLM_CPU_KVCACHE
 # vLLM's --kv-cache-dtype spellings taken here: "auto" is the model's dtype (its fp8 caches are not built)
 KV_CACHE_DTYPES = ("auto", "bfloat16")
 
-
-
 _FLAG_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
 
