@@ -197,6 +197,15 @@ class TextPart(_Schema):
     type: Literal["text"]
     text: Text
 
+    @model_validator(mode="before")
+    @classmethod
+    def _text_only(cls, data):
+        """An image, audio or file part is refused by its type, not as a content that is not a string."""
+        kind = data.get("type") if isinstance(data, dict) else None
+        if isinstance(kind, str) and kind != "text":
+            raise ValueError(f"content parts of type {kind!r} are not supported: the served model takes text only")
+        return data
+
 
 class ChatMessage(_Schema):
     role: Literal["system", "user", "assistant", "developer", "tool"]

@@ -40,6 +40,9 @@ CASES = [
     ("stop is not strings", COMP, None, {"prompt": "x", "stop": [1, 2]}, 400, "stop"),
     ("unknown role", CHAT, None, {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages"),
     ("content is a number", CHAT, None, {"messages": [{"role": "user", "content": 7}]}, 400, "messages"),
+    ("an image part", CHAT, None, {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
+     400, "'image_url' are not supported"),
     ("top_logprobs without logprobs", CHAT, None, {"messages": MSG, "top_logprobs": 2}, 400, "top_logprobs"),
     ("top_logprobs 21", CHAT, None, {"messages": MSG, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
     ("max_completion_tokens 0", CHAT, None, {"messages": MSG, "max_completion_tokens": 0}, 400,
