@@ -1,7 +1,8 @@
 """actorserve: an actor-model LLM inference and serving runtime.
 
 The public face: ``LLM`` (offline), ``AsyncEngine`` (embedded async), ``ZmqClient`` (the wire protocol's
-reference client), ``SamplingParams`` (and its ``StructuredOutputsParams``), the output types and the errors.
+reference client), ``SamplingParams`` (and its ``StructuredOutputsParams``), ``BeamSearchParams`` (for
+``LLM.beam_search``), the output types and the errors.
 
 ``actorserve`` is the only import root. The design card keeps the implementation in folders at the top of
 the repository (``runtime/``, ``kernels/``, ``frontend/``); installs map them to ``actorserve.runtime``,
@@ -25,6 +26,9 @@ _PUBLIC = {
     "LLM": "actorserve.llm", "AsyncEngine": "actorserve.runtime.async_engine",
     "ZmqClient": "actorserve.runtime.client", "SamplingParams": "actorserve.runtime.engine.sampling_params",
     "StructuredOutputsParams": "actorserve.runtime.engine.sampling_params",
+    "BeamSearchParams": "actorserve.runtime.engine.beam_search",
+    "BeamSearchOutput": "actorserve.runtime.engine.beam_search",
+    "BeamSearchSequence": "actorserve.runtime.engine.beam_search",
     "RequestOutput": "actorserve.runtime.engine.outputs", "CompletionOutput": "actorserve.runtime.engine.outputs",
     "Logprob": "actorserve.runtime.engine.outputs", "ActorServeError": "actorserve.runtime.errors",
     "EngineDeadError": "actorserve.runtime.errors", "EngineStartError": "actorserve.runtime.errors",

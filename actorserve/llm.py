@@ -9,6 +9,7 @@ import time
 from typing import Any, Optional, Sequence, Union
 
 from actorserve.runtime.config import EngineConfig
+from actorserve.runtime.engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from actorserve.runtime.engine.outputs import RequestOutput
 from actorserve.runtime.engine.sampling_params import SamplingParams
 from actorserve.runtime.background import BackgroundEngine
@@ -120,6 +121,34 @@ class LLM:
                                chat_template, tools, documents, chat_template_kwargs)
             prompts.append({"prompt": text, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm)
+
+    def beam_search(self, prompts: Union[PromptType, Sequence[PromptType]], params: BeamSearchParams,
+                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """vLLM's beam search (runtime/engine/beam_search.py): each prompt's ``params.beam_width`` best
+        sequences, best first. Each step is one ``generate`` of every live beam, one token further."""
+        prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+        inputs = [self._to_token_ids(p)[1] for p in prompts]
+        facts = self.engine.facts if self.engine is not None else None
+        eos = facts.eos_token_id if facts is not None else self._background.info.get("eos_token_id")
+        max_len = facts.max_model_len if facts is not None else self._background.info["max_model_len"]
+        search = BeamSearch(inputs, params, eos, max_len)
+        step = params.step_params()
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            bar = tqdm(total=params.max_tokens, desc="Beam search", unit="token", dynamic_ncols=True)
+        try:
+            while batch := search.pending():
+                outs = self.generate([{"prompt_token_ids": ids} for ids in batch], step, use_tqdm=False)
+                search.advance([out.outputs[0].logprobs[0] for out in outs])
+                if bar is not None:
+                    bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
+        tok = self._tokenizer
+        return search.results(tok.decode if tok is not None else None)
 
     def _require_tokenizer(self):
         tok = self._tokenizer

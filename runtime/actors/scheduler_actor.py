@@ -107,7 +107,7 @@ class SchedulerActor(Actor):
         if not self.config.runtime.disable_log_stats:
             self._stats_task = asyncio.ensure_future(self._log_stats(StatsLine()))
         return {"vocab_size": facts.vocab_size, "max_model_len": facts.max_model_len,
-                "num_kv_blocks": facts.num_kv_blocks}
+                "num_kv_blocks": facts.num_kv_blocks, "eos_token_id": facts.eos_token_id}
 
     async def on_stop(self) -> None:
         tasks = [t for t in (self._loop_task, self._peer_watch, self._stats_task) if t is not None]

@@ -1,7 +1,7 @@
 """Data parallelism from Python: the offline LLM over two replicas, and the settings it refuses."""
 import pytest
 
-from actorserve import LLM, SamplingParams
+from actorserve import LLM, BeamSearchParams, SamplingParams
 from actorserve.runtime.config import EngineConfig
 
 
@@ -9,12 +9,16 @@ def test_llm_over_two_replicas_answers_as_one_engine():
     prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "2 + 2 ="]
     greedy = SamplingParams(max_tokens=16, temperature=0)
     seeded = SamplingParams(max_tokens=16, temperature=1.0, seed=7)
+    beams = BeamSearchParams(beam_width=2, max_tokens=4)
     one = LLM(max_model_len=1024, kv_cache_memory=64 << 20)
     expected = [o.outputs[0].token_ids for p in (greedy, seeded) for o in one.generate(prompts, p, use_tqdm=False)]
+    expected_beams = [[s.tokens for s in o.sequences] for o in one.beam_search(prompts, beams)]
     with LLM(max_model_len=1024, kv_cache_memory=64 << 20, data_parallel_size=2) as two:
         got = [o.outputs[0].token_ids for p in (greedy, seeded) for o in two.generate(prompts, p, use_tqdm=False)]
+        got_beams = [[s.tokens for s in o.sequences] for o in two.beam_search(prompts, beams)]  # (processes)
         assert sorted(two._background.engine.child_pids()) == ["scheduler", "scheduler-dp1", "worker0", "worker0-dp1"]
     assert got == expected
+    assert got_beams == expected_beams
 
 
 @pytest.mark.parametrize("args, message", [
