@@ -17,7 +17,8 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictInt,
                       model_validator)
 
-from actorserve.runtime.engine.sampling_params import SamplingParams, check_text
+from actorserve.runtime.engine.beam_search import BeamSearchParams
+from actorserve.runtime.engine.sampling_params import MAX_LOGPROBS, SamplingParams, check_text
 
 TokenIds = list[StrictInt]
 # How many items a list may hold, checked while the body is validated (the body size alone would let
@@ -72,7 +73,7 @@ class ResponseFormat(_Schema):
 # Fields of OpenAI's and vLLM's bodies that would change the output and are not implemented, each with
 # the values that leave the output as it is (structured outputs and tool calling: issue 18)
 UNSUPPORTED: dict[str, tuple] = {
-    "best_of": (None, 1), "use_beam_search": (None, False), "length_penalty": (None, 1.0),
+    "best_of": (None, 1),
     "spaces_between_special_tokens": (None, True),
     "guided_decoding_backend": (None,), "guided_whitespace_pattern": (None,), "logits_processors": (None, []),
     "return_tokens_as_token_ids": (None, False), "return_token_ids": (None, False), "prompt_embeds": (None,),
@@ -117,6 +118,8 @@ class _SamplingFields(_Schema):
     truncate_prompt_tokens: Optional[StrictInt] = None
     response_format: Optional[ResponseFormat] = None
     structured_outputs: Optional[dict[str, Any]] = None
+    use_beam_search: StrictBool = False
+    length_penalty: float = 1.0
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self):
@@ -125,6 +128,21 @@ class _SamplingFields(_Schema):
         if self.prompt_logprobs is not None and self.stream:  # vLLM's rule and words
             raise ValueError("`prompt_logprobs` are not available when `stream=True`.")
         return self
+
+    def beam_search_params(self, params: SamplingParams) -> BeamSearchParams:
+        """vLLM's use_beam_search: n beams, each up to the checked params' max_tokens. Logprobs and
+        structured outputs are refused, having no place in the search; the other sampling fields do not
+        apply to it (as in vLLM)."""
+        if not 1 <= self.n <= MAX_LOGPROBS // 2:
+            raise ValueError(f"n (the beam width, with use_beam_search) must be in [1, {MAX_LOGPROBS // 2}], "
+                             f"got {self.n}")
+        if params.logprobs is not None or params.prompt_logprobs is not None:
+            raise ValueError("logprobs are not supported with use_beam_search")
+        if params.structured_outputs is not None:
+            raise ValueError("structured_outputs are not supported with use_beam_search")
+        return BeamSearchParams(beam_width=self.n, max_tokens=params.max_tokens, ignore_eos=self.ignore_eos,
+                                temperature=params.temperature, length_penalty=self.length_penalty,
+                                include_stop_str_in_output=self.include_stop_str_in_output)
 
     def unsupported_field(self) -> Optional[str]:
         """The first field that asks for something this server does not do, if any."""

@@ -5,7 +5,8 @@ import openai
 import pytest
 import torch
 
-from actorserve import SamplingParams
+from actorserve import BeamSearchParams, SamplingParams
+from actorserve.runtime.model.chat_template import render
 from tests.e2e.server import API_KEY, http
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -106,7 +107,7 @@ def test_allowed_token_ids_are_the_only_tokens(client):
 
 
 @pytest.mark.parametrize("body", [
-    {"use_beam_search": True}, {"best_of": 3}, {"guided_decoding_backend": "outlines"},
+    {"best_of": 3}, {"guided_decoding_backend": "outlines"},
     {"logits_processors": ["x"]}, {"suffix": "end"}, {"spaces_between_special_tokens": False},
 ], ids=lambda b: next(iter(b)))
 def test_fields_that_would_change_the_output_are_refused(client, body):
@@ -114,6 +115,35 @@ def test_fields_that_would_change_the_output_are_refused(client, body):
     with pytest.raises(openai.BadRequestError, match=name) as err:
         client.completions.create(model=MODEL, prompt="Hi", max_tokens=1, extra_body=body)
     assert err.value.body["param"] == name
+
+
+def test_beam_search_answers_as_llm_beam_search(client, smollm):
+    """use_beam_search with n beams: the choices are LLM.beam_search's sequences, best first, whole or
+    streamed, for completions and for chat."""
+    params = BeamSearchParams(beam_width=3, max_tokens=6)
+    want = smollm.beam_search("The capital of France is", params)[0].sequences
+    got = client.completions.create(model=MODEL, prompt="The capital of France is", n=3, max_tokens=6,
+                                    extra_body={"use_beam_search": True})
+    assert [c.text for c in got.choices] == [s.text for s in want]
+    assert [c.finish_reason for c in got.choices] == [s.finish_reason for s in want]
+    prompt_len = len(smollm.get_tokenizer().encode("The capital of France is"))
+    assert got.usage.completion_tokens == sum(len(s.tokens) - prompt_len for s in want)
+    chunks = list(client.completions.create(model=MODEL, prompt="The capital of France is", n=3, max_tokens=6,
+                                            stream=True, extra_body={"use_beam_search": True}))
+    streamed = ["".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i) for i in range(3)]
+    assert streamed == [s.text for s in want]
+
+    messages = [{"role": "user", "content": "Say yes."}]
+    want = smollm.beam_search([{"prompt_token_ids": render(smollm.get_tokenizer(), messages)[1]}], params)[0].sequences
+    chat = client.chat.completions.create(model=MODEL, messages=messages, n=3, max_tokens=6,
+                                          extra_body={"use_beam_search": True})
+    assert [c.message.content for c in chat.choices] == [s.text for s in want]
+    assert chat.choices[0].finish_reason == "stop"  # the best beam ends in EOS
+    with pytest.raises(openai.BadRequestError, match="logprobs"):
+        client.completions.create(model=MODEL, prompt="Hi", n=2, max_tokens=2, logprobs=1,
+                                  extra_body={"use_beam_search": True})
+    with pytest.raises(openai.BadRequestError, match="beam width"):
+        client.completions.create(model=MODEL, prompt="Hi", n=11, max_tokens=2, extra_body={"use_beam_search": True})
 
 
 def test_neutral_values_pass_and_unknown_fields_are_named_in_a_warning(client, server):
