@@ -110,9 +110,10 @@ class ServingContext:
             log.warning("request %s: ignored fields the server does not know: %s", request_id, ", ".join(unknown))
 
     def build_params(self, request, prompt: "Prompt", max_tokens: Optional[int], logprobs: Optional[int],
-                     prompt_logprobs: Optional[int] = None, names: Optional[dict[str, str]] = None) -> SamplingParams:
+                     prompt_logprobs: Optional[int] = None, names: Optional[dict[str, str]] = None,
+                     ) -> SamplingParams | BeamSearchParams:
         """The engine's own checks, as a 400 naming the field (by the request's name for it, ``names``);
-        max_tokens None: the rest of the context.
+        max_tokens None: the rest of the context. With ``use_beam_search``, the search's params.
         The prompt is truncated here first when the request asks (``truncate_prompt_tokens``), so the
         checks, the echo and the usage all see the prompt the engine runs."""
         try:
