@@ -71,11 +71,21 @@ static inline void scale_min(const uint8_t *s, int j, int *sc, int *m) {
  * sd, sm: where not NULL, a Q4_0 / Q4_1 / Q8_0 block's d (and Q4_1's m) widened already (``row_scales``). */
 static inline __attribute__((always_inline)) void decode(int type, const uint8_t *blk, int j, vf *w, int spread,
                                                          const float *sd, const float *sm) {
+    vf d, m; /* a Q4_0 / Q4_1 / Q8_0 block's scale, and Q4_1's minimum (the others' two bytes after d are
+              * quants, and m goes unused) */
+    if (type == Q8_0 || type == Q4_0 || type == Q4_1) {
+        if (sd) {
+            d = vset1(*sd);
+            m = vset1(type == Q4_1 ? *sm : 0.0f);
+        } else {
+            vset1_halves(blk, &d, &m);
+        }
+    }
 #ifdef VLUT16
     /* 4-bit values through a table of the 16 weights a nibble can stand for, each computed as below */
     if (type == Q4_0 || type == Q4_1) {
-        const vf d = vset1(sd ? *sd : half(blk)), q = viota();
-        const vf table = type == Q4_1 ? vfmadd(d, q, vset1(sm ? *sm : half(blk + 2))) : vmul(d, vsub(q, vset1(8.0f)));
+        const vf q = viota();
+        const vf table = type == Q4_1 ? vfmadd(d, q, m) : vmul(d, vsub(q, vset1(8.0f)));
         const uint8_t *qs = blk + (type == Q4_1 ? 4 : 2);
         w[0] = spread ? vlut16_spread(qs, 0, table) : vlut16_nibbles(qs, 0, table);
         w[1] = spread ? vlut16_spread(qs, 1, table) : vlut16_nibbles(qs, 1, table);
@@ -94,13 +104,6 @@ static inline __attribute__((always_inline)) void decode(int type, const uint8_t
     (void)spread;
 #endif
     if (type == Q8_0 || type == Q4_0 || type == Q4_1) {
-        vf d, m; /* m: Q4_1's; the other types' two bytes after d are quants, and m goes unused */
-        if (sd) {
-            d = vset1(*sd);
-            m = vset1(type == Q4_1 ? *sm : 0.0f);
-        } else {
-            vset1_halves(blk, &d, &m);
-        }
         if (type == Q8_0) {
             vexpand_i8(_mm_loadu_si128((const __m128i *)(blk + 2)), w);
             vexpand_i8(_mm_loadu_si128((const __m128i *)(blk + 18)), w + 16 / VL);
@@ -144,10 +147,10 @@ static inline __attribute__((always_inline)) void decode(int type, const uint8_t
     vexpand_u8(_mm_or_si128(nibbles(ql, r >= 2), _mm_slli_epi16(h0, 4)), w);
     vexpand_u8(_mm_or_si128(nibbles(ql + 16, r >= 2), _mm_slli_epi16(h1, 4)), w + 16 / VL);
     const int8_t *scales = (const int8_t *)(blk + 192);
-    const float d = half(blk + 208);
+    const float d6 = half(blk + 208);
     const vf thirty_two = vset1(32.0f);
     for (int i = 0; i < SUB / VL; i++) /* q - 32 is exact in fp32; one scale per 16 values */
-        w[i] = vmul(vset1(d * (float)scales[2 * j + (i * VL) / 16]), vsub(w[i], thirty_two));
+        w[i] = vmul(vset1(d6 * (float)scales[2 * j + (i * VL) / 16]), vsub(w[i], thirty_two));
 }
 
 /* Whether the product widens its rows' block scales up front (``row_scales``): on AVX-512, one block's fp16
