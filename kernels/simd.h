@@ -128,13 +128,32 @@ static inline vf vlut16_spread(const uint8_t *p, int high, vf table) {
                                            _mm512_set1_epi32(high ? 4 : 0));
     return _mm512_permutexvar_ps(_mm512_srlv_epi32(b, shift), table);
 }
+static inline __m512i vspread_order(void) {
+    return _mm512_setr_epi32(VLUT16_SPREAD(0), VLUT16_SPREAD(1), VLUT16_SPREAD(2), VLUT16_SPREAD(3), VLUT16_SPREAD(4),
+                             VLUT16_SPREAD(5), VLUT16_SPREAD(6), VLUT16_SPREAD(7), VLUT16_SPREAD(8), VLUT16_SPREAD(9),
+                             VLUT16_SPREAD(10), VLUT16_SPREAD(11), VLUT16_SPREAD(12), VLUT16_SPREAD(13),
+                             VLUT16_SPREAD(14), VLUT16_SPREAD(15));
+}
 /* v's lanes in the order vlut16_spread gives a block's values */
-static inline vf vspread(vf v) {
-    const __m512i order = _mm512_setr_epi32(VLUT16_SPREAD(0), VLUT16_SPREAD(1), VLUT16_SPREAD(2), VLUT16_SPREAD(3),
-                                            VLUT16_SPREAD(4), VLUT16_SPREAD(5), VLUT16_SPREAD(6), VLUT16_SPREAD(7),
-                                            VLUT16_SPREAD(8), VLUT16_SPREAD(9), VLUT16_SPREAD(10), VLUT16_SPREAD(11),
-                                            VLUT16_SPREAD(12), VLUT16_SPREAD(13), VLUT16_SPREAD(14), VLUT16_SPREAD(15));
-    return _mm512_permutexvar_ps(order, v);
+static inline vf vspread(vf v) { return _mm512_permutexvar_ps(vspread_order(), v); }
+/* table[q] for 5-bit values q: their low 4 bits the nibbles at p as vlut16_nibbles (vlut16_spread where
+ * spread) reads them, their fifth bit i + 16 high of bits for the nibble of byte i; lo holds table[0 .. 16)
+ * and hi table[16 .. 32). One two-table permute a lane, as vlut16's one. */
+static inline vf vlut32_nibbles(const uint8_t *p, int high, uint32_t bits, vf lo, vf hi, int spread) {
+    __m512i q, at;
+    if (spread) {
+        const __m512i b = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)p));
+        q = _mm512_srlv_epi32(b, _mm512_set_epi32(24, 24, 24, 24, 16, 16, 16, 16, 8, 8, 8, 8, 0, 0, 0, 0));
+        at = vspread_order();
+    } else {
+        q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+        at = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    }
+    q = _mm512_and_si512(high ? _mm512_srli_epi32(q, 4) : q, _mm512_set1_epi32(15));
+    const __m512i fifth = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32((int)bits),
+                                                             _mm512_add_epi32(at, _mm512_set1_epi32(16 * high))),
+                                           _mm512_set1_epi32(1));
+    return _mm512_permutex2var_ps(lo, _mm512_or_si512(q, _mm512_slli_epi32(fifth, 4)), hi);
 }
 static inline void vexpand_i8(__m128i b, vf *out) { out[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)); }
 /* The 16 bytes at p as floats of their low nibbles (lo[0 .. 16 / VL)) and of their high ones (hi[...]):

@@ -65,7 +65,7 @@ def test_the_wheel_installs_actorserve_alone_with_every_package_and_kernel_sourc
     assert tops == {"actorserve"}
     packages = {os.path.dirname(n).replace("/", ".") for n in names if n.endswith(".py")}
     assert source_packages() <= packages
-    for source in [*ROOT.glob("kernels/**/*.c"), *ROOT.glob("kernels/*.h")]:
+    for source in [*ROOT.glob("kernels/**/*.c"), *ROOT.glob("kernels/**/*.h")]:
         assert f"actorserve/{source.relative_to(ROOT)}" in names
     with zipfile.ZipFile(wheel) as z:
         for name in (n for n in names if n.endswith(".dist-info/top_level.txt")):

@@ -1,5 +1,5 @@
-"""Weights kept as the GGUF file stores them (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K blocks), for fp32 models
-on the CPU.
+"""Weights kept as the GGUF file stores them (every block type of llama.cpp's quantization presets:
+``TYPES``), for fp32 models on the CPU.
 
 Dequantized to fp32 at load, a 4.5-bit weight takes 32 bits: seven times the bytes that every decode step
 reads, and seven times the memory. ``GgufWeight`` holds the file's blocks instead. A product of a few rows
@@ -33,9 +33,10 @@ MAX_ROWS = 8  # as in the C source
 # up to it, the kernel reads the blocks once per MAX_ROWS rows.
 DECODED_ABOVE_ROWS = 32
 TILE_VALUES = 1 << 20  # the decode buffer: 4 MiB of fp32, so that a decoded tile is read back from cache
-# ggml's type number, the values of one block and its bytes, per type the kernel decodes
-TYPES = {"Q4_0": (2, 32, 18), "Q4_1": (3, 32, 20), "Q8_0": (8, 32, 34),
-         "Q4_K": (12, 256, 144), "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210)}
+# ggml's type number, the values of one block and its bytes, per type the kernel decodes (gguf_decode.h)
+TYPES = {"Q4_0": (2, 32, 18), "Q4_1": (3, 32, 20), "Q5_0": (6, 32, 22), "Q5_1": (7, 32, 24), "Q8_0": (8, 32, 34),
+         "IQ4_NL": (20, 32, 18), "MXFP4": (39, 32, 17), "Q2_K": (10, 256, 84), "Q3_K": (11, 256, 110),
+         "Q4_K": (12, 256, 144), "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210), "IQ4_XS": (23, 256, 136)}
 
 _library = CpuKernelLibrary(SOURCE, {
     "gguf_linear_f32": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3

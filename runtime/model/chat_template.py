@@ -57,6 +57,9 @@ def render(tokenizer, messages: Sequence[Any], add_generation_prompt: bool = Tru
                 "tools", "documents"} & set(kwargs)
     if reserved:
         raise ValueError(f"chat_template_kwargs may not set {', '.join(sorted(reserved))}: they are request fields")
+    if chat_template is None and not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this model has no chat template (a base model's file carries none): give one with "
+                         "chat_template= (LLM.chat) or --chat-template (actorserve serve), or send completions")
     try:
         text = tokenizer.apply_chat_template(conversation, tokenize=False, chat_template=chat_template,
                                              add_generation_prompt=add_generation_prompt,

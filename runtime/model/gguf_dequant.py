@@ -1,10 +1,12 @@
-"""GGUF tensors to fp32 torch tensors, with the common block formats decoded in whole-tensor torch ops.
+"""GGUF tensors to fp32 torch tensors, with the common block formats decoded in whole-tensor torch ops, the
+others by the CPU kernels' decoder where it runs.
 
 Runs where a GGUF model loads. gguf-py's ``dequantize`` loops over row groups in numpy, which is most of
 a small model's load time; Q4_0, Q4_1 and Q8_0 (what llama.cpp's usual small-model files hold) are
 decoded here with the same arithmetic in the same order (fp16 scales widened to fp32, one product, then
-one sum for Q4_1), so the weights are the same bits (``tests/runtime/model/test_gguf_dequant.py``). Every
-other supported type goes through gguf-py.
+one sum for Q4_1), so the weights are the same bits (``tests/runtime/model/test_gguf_dequant.py``). The
+other block types go through the C decoder of ``kernels.gemm.gguf`` (the same bits again,
+``tests/kernels/gemm/test_gguf.py``), or through gguf-py where that is not built.
 """
 from __future__ import annotations
 
@@ -18,7 +20,13 @@ def dequantize(data: np.ndarray, type_name: str, shape: tuple[int, ...]) -> torc
     """``data`` as ``GGUFFile.tensor_data`` maps it; ``shape`` the tensor's (row-major, slowest first)."""
     decode = _DECODERS.get(type_name)
     if decode is None:
-        return dequantize_ref(data, type_name, shape)
+        from actorserve.kernels.gemm import gguf
+
+        rows = (int(np.prod(shape[:-1])), shape[-1])
+        if not gguf.keeps(type_name, rows):
+            return dequantize_ref(data, type_name, shape)
+        blocks = torch.from_numpy(np.array(data, dtype=np.uint8).reshape(rows[0], -1))
+        return gguf.GgufWeight([gguf.Segment(type_name, blocks, 0, rows[0])], rows[1]).dequantize().reshape(shape)
     blocks = torch.from_numpy(np.array(data, dtype=np.uint8).reshape(-1, _BLOCK_BYTES[type_name]))
     return decode(blocks).reshape(shape)
 

@@ -108,7 +108,8 @@ class GGUFFile:
             name = c.string()
             dims = tuple(c.scalar("<Q") for _ in range(c.scalar("<I")))
             kind, offset = c.scalar("<I"), c.scalar("<Q")
-            infos.append((name, dims, gguf.GGMLQuantizationType(kind).name, offset))
+            known = kind in gguf.GGMLQuantizationType._value2member_map_
+            infos.append((name, dims, gguf.GGMLQuantizationType(kind).name if known else f"type {kind}", offset))
         alignment = int(self.fields.get("general.alignment", 32))
         start = -(-c.pos // alignment) * alignment
         self.tensors = [TensorInfo(n, d, k, start + o) for n, d, k, o in infos]

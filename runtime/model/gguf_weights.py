@@ -13,13 +13,16 @@ from typing import Callable, Iterator, Optional, Union
 import numpy as np
 import torch
 
+from actorserve.kernels.gemm.gguf import TYPES as BLOCK_TYPES
 from actorserve.runtime.errors import ModelLoadError
 from actorserve.runtime.model.arch_config import ArchConfig
 from actorserve.runtime.model.gguf_dequant import dequantize
 from actorserve.runtime.model.registry import family_of_gguf
 from actorserve.runtime.model.gguf_file import GGUFFile, TensorInfo
 
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+# every block type of llama.cpp's quantization presets (the CPU kernels' list, kernels/gemm/gguf_decode.h);
+# elsewhere they are dequantized at load by gguf-py
+SUPPORTED_TYPES = ("F32", "F16", "BF16", *BLOCK_TYPES)
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -170,9 +173,6 @@ def iter_tensors(reader: GGUFFile, cfg: ArchConfig, wanted: Callable[[str], bool
     latent_halves: dict[str, dict[str, torch.Tensor]] = {}  # a layer's attn_k_b / attn_v_b, until both came
     qkvz_halves: dict[str, dict[str, torch.Tensor]] = {}  # a GDN layer's attn_qkv / attn_gate, likewise
     for t in reader.tensors:
-        if t.type_name not in SUPPORTED_TYPES:
-            raise ModelLoadError(f"GGUF tensor {t.name} has type {t.type_name}; "
-                                 f"supported: {', '.join(SUPPORTED_TYPES)}")
         m = _BLOCK.match(t.name)
         if m and m.group(2) in _EXPERT_STACKS:  # one checkpoint tensor per expert, decoded
             names = [f"model.layers.{m.group(1)}.mlp.experts.{e}.{_EXPERT_STACKS[m.group(2)]}.weight"
@@ -238,6 +238,15 @@ def _llama_rows(name: str, cfg: ArchConfig, rows: torch.Tensor) -> torch.Tensor:
     return rows
 
 
+def check_types(reader: GGUFFile) -> None:
+    """ModelLoadError for the first tensor of a type this engine does not compute, before any is read."""
+    for t in reader.tensors:
+        if t.type_name not in SUPPORTED_TYPES:
+            raise ModelLoadError(f"GGUF tensor {t.name} has type {t.type_name}; "
+                                 f"supported: {', '.join(SUPPORTED_TYPES)}")
+
+
 def open_gguf(path: str) -> tuple[GGUFFile, ArchConfig]:
     reader = GGUFFile(path)
+    check_types(reader)
     return reader, read_config(reader)

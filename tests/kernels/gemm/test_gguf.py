@@ -21,10 +21,18 @@ def blocks(type_name: str, rows: int, k: int, seed: int = 0) -> torch.Tensor:
     raw = g.integers(0, 256, size=(n, nbytes), dtype=np.uint8)
     scales = (g.standard_normal((n, 2)) * 0.05).astype(np.float16)
     scales[::7, 0] = np.float16(1e-7)
-    at = {"Q6_K": [208], "Q4_1": [0, 2], "Q4_K": [0, 2], "Q5_K": [0, 2]}.get(type_name, [0])
-    for i, offset in enumerate(at):
+    for i, offset in enumerate(SCALES_AT.get(type_name, [0])):
         raw[:, offset:offset + 2] = scales[:, i:i + 1].view(np.uint8)
+    if type_name == "MXFP4":  # its e8m0 scale: 2^(e - 128), the subnormal e of 0 and 1 among them
+        raw[:, 0] = g.integers(100, 140, size=n)
+        raw[::5, 0] = 0
+        raw[1::5, 0] = 1
     return torch.from_numpy(raw.reshape(rows, -1).copy())
+
+
+# where a block's fp16 scales (d, then m or dmin) are, by type; the others' d is at 0, MXFP4's none
+SCALES_AT = {"Q6_K": [208], "Q4_1": [0, 2], "Q5_1": [0, 2], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q2_K": [80, 82],
+             "Q3_K": [108], "MXFP4": []}
 
 
 def assert_same_up_to_sum_order(out, x, dense, bias=None):
@@ -35,7 +43,8 @@ def assert_same_up_to_sum_order(out, x, dense, bias=None):
 
 
 def reference(type_name: str, b: torch.Tensor, rows: int, k: int) -> torch.Tensor:
-    return dequantize(b.numpy().reshape(-1), type_name, (rows, k))
+    """The weights as gguf-py decodes them (the loader's own ``dequantize`` runs this kernel's decoder)."""
+    return dequantize_ref(b.numpy().reshape(-1), type_name, (rows, k))
 
 
 @pytest.mark.parametrize("type_name", sorted(gguf.TYPES))
@@ -45,7 +54,7 @@ def test_the_kernel_decodes_the_reference_bits(type_name):
     w = GgufWeight([Segment(type_name, b, 0, 37)], k)
     ref = reference(type_name, b, 37, k)
     assert torch.equal(w.dequantize(), ref)
-    assert torch.equal(ref, dequantize_ref(b.numpy().reshape(-1), type_name, (37, k)))  # and gguf-py's
+    assert torch.equal(dequantize(b.numpy().reshape(-1), type_name, (37, k)), ref)  # and the loader's
     ids = torch.tensor([[36, 0], [5, 5]])
     assert torch.equal(w.rows(ids), ref[ids])  # an embedding lookup decodes just those rows
     with pytest.raises(IndexError, match="37 rows"):

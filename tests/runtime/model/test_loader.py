@@ -50,11 +50,12 @@ def _random_kquant(shape, qtype, rng):
     return raw.reshape(shape[0], -1)
 
 
-def _write_gguf(hf_dir, path, qtype_name, dims):
+def _write_gguf(hf_dir, path, qtype_name, dims, odd=None):
     """Write the HF model as llama.cpp would (q/k rows permuted); returns the weights the file holds.
 
     Every 2-D weight takes qtype; K-quants, which gguf-py cannot quantize, get random valid blocks in the
-    MLP and F32 elsewhere.
+    MLP and F32 elsewhere. ``odd``: (checkpoint name, type name) of one tensor written as random blocks of
+    that type instead.
     """
     import gguf
     from gguf import GGMLQuantizationType as T
@@ -75,7 +76,9 @@ def _write_gguf(hf_dir, path, qtype_name, dims):
     expected = {}
     for name, tensor in state.items():
         w = tensor.numpy().astype(np.float32)
-        if qtype_name in ("Q4_K", "Q6_K") and "mlp" in name:
+        if odd is not None and name == odd[0]:
+            writer.add_tensor(_gguf_name(name), _random_kquant(w.shape, T[odd[1]], rng), raw_dtype=T[odd[1]])
+        elif qtype_name in ("Q4_K", "Q6_K") and "mlp" in name:
             data = _random_kquant(w.shape, qtype, rng)
             expected[name] = quants.dequantize(data, qtype).reshape(w.shape)
             writer.add_tensor(_gguf_name(name), data, raw_dtype=qtype)
@@ -101,7 +104,7 @@ def _maybe_permute(name, w, heads):
     return w
 
 
-@pytest.mark.parametrize("qtype", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K"])
 def test_gguf_types_load_exactly(qtype, tmp_path):
     """Every parameter equals the file's dequantized weight with q/k rows un-permuted."""
     dims = (256, 4, 64)  # K-quant rows must be multiples of 256
@@ -114,6 +117,23 @@ def test_gguf_types_load_exactly(qtype, tmp_path):
     assert set(loaded.model.checkpoint_layout()) == set(expected)
     for name, value in expected.items():
         torch.testing.assert_close(loaded.model.checkpoint_tensor(name), value, rtol=0, atol=0, msg=name)
+
+
+def test_a_block_type_not_supported_fails_before_any_weight_is_read(tmp_path, monkeypatch):
+    from actorserve.runtime.model.gguf_file import GGUFFile
+
+    dims = (256, 4, 64)
+    hf_dir = save_tiny_model("llama", tmp_path / "hf", seed=3, hidden_size=dims[0], intermediate_size=256,
+                             num_attention_heads=dims[1], head_dim=dims[2])
+    path = tmp_path / "tiny-iq2.gguf"
+    _write_gguf(hf_dir, path, "Q8_0", dims, odd=("model.layers.1.mlp.down_proj.weight", "IQ2_XXS"))
+
+    def read(self, t):
+        raise AssertionError(f"{t.name} was read")
+    monkeypatch.setattr(GGUFFile, "tensor_data", read)
+    with pytest.raises(ModelLoadError, match=r"GGUF tensor blk\.1\.ffn_down\.weight has type IQ2_XXS; "
+                                             r"supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, "):
+        load_model(str(path), skip_tokenizer=True)
 
 
 def test_missing_parameter_is_named(tmp_path):
