@@ -26,9 +26,9 @@
 #include <string.h>
 
 #include "../prefetch.h"
+#include "q8_activations.h"
 
 enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 }; /* ggml's type numbers */
-#define QK 32   /* values a block */
 #define R 16    /* weight rows packed together */
 #define MT 8    /* activation rows a pass over a group of weight rows */
 
@@ -104,45 +104,6 @@ static inline void fstore(float *p, vq v, int n) {
 #else
 #error "gguf_q8.c needs AVX-512 VNNI or AVX2 with FMA: native.py passes the flags of one"
 #endif
-
-/* Quantize M rows of K (a multiple of QK) fp32 values, per block of 32: d = max|x| / 127, q = round(x / d)
- * (to nearest even, clamped to [-127, 127] so that a NaN or infinite value gives a bound), sum = sum(q),
- * s = d * sum. Eight lanes at a time in either build (both have AVX2). */
-static void quantize(const float *x, int64_t M, int64_t K, int8_t *q, float *d, int32_t *sum, float *s) {
-    const int64_t nb = K / QK;
-    const __m256 sign = _mm256_set1_ps(-0.0f), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t b = 0; b < nb; b++) {
-            const float *xb = x + m * K + b * QK;
-            __m256 v[4], mx = _mm256_setzero_ps();
-            for (int i = 0; i < 4; i++) {
-                v[i] = _mm256_loadu_ps(xb + 8 * i);
-                mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[i]));
-            }
-            __m128 t = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-            t = _mm_max_ps(t, _mm_movehl_ps(t, t));
-            t = _mm_max_ss(t, _mm_movehdup_ps(t));
-            const float db = _mm_cvtss_f32(t) / 127.0f, id = db > 0.0f ? 1.0f / db : 0.0f;
-            const __m256 idv = _mm256_set1_ps(id);
-            __m256i qi[4], total = _mm256_setzero_si256();
-            for (int i = 0; i < 4; i++) {
-                /* max first: a NaN lane takes the bound (maxps returns its second operand) */
-                qi[i] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(v[i], idv), lo), hi));
-                total = _mm256_add_epi32(total, qi[i]);
-            }
-            /* 32 int32 to 32 int8 in order: the packs interleave 4-value groups, the permute restores them */
-            const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
-            _mm256_storeu_si256((__m256i *)(q + m * K + b * QK), _mm256_permutevar8x32_epi32(p, order));
-            __m128i u = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
-            u = _mm_add_epi32(u, _mm_shuffle_epi32(u, 0x4E));
-            u = _mm_add_epi32(u, _mm_shuffle_epi32(u, 0xB1));
-            const int32_t st = _mm_cvtsi128_si32(u);
-            d[m * nb + b] = db;
-            sum[m * nb + b] = st;
-            s[m * nb + b] = db * (float)st;
-        }
-}
 
 /* The integer dot products of one block of a group with MM activation rows, for half h of the group's
  * lanes: acc[m] (lanes = rows of the group) = sum over the block of w * q_x, less the weights' offset. */
@@ -274,18 +235,17 @@ static void groups(int type, const int8_t *xq, const float *xd, const int32_t *x
 }
 
 /* y[M, N] (row stride ldy) = x[M, K] . W^T (+ bias), W the N rows packed at w by ``gguf_q8_pack``. The
- * rows of x are quantized into scratch (M K + 12 M K / 32 + 64 bytes) where ``quantize`` is set; else scratch
- * holds them from an earlier call with the same x. Returns 0, or -1 where the type or shape is not one
+ * rows of x are quantized into scratch (``q8_layout``) where ``quantize_x`` is set; else scratch holds them
+ * from an earlier call with the same x (of this kernel or of gguf_q8_blocks.c's). Returns 0, or -1 where the type or shape is not one
  * this kernel takes. */
 int gguf_q8_linear(int type, const float *x, int64_t M, const uint8_t *w, const float *bias, float *y, int64_t ldy,
                    int64_t N, int64_t K, int threads, uint8_t *scratch, int quantize_x) {
     if (!block_bytes(type) || K % QK || M < 1 || N < 1) return -1;
-    const int64_t nb = K / QK;
-    int8_t *xq = (int8_t *)scratch;
-    float *xd = (float *)(scratch + ((M * K + 63) / 64) * 64);
-    int32_t *xsum = (int32_t *)(xd + M * nb);
-    float *xs = (float *)(xsum + M * nb);
-    if (quantize_x) quantize(x, M, K, xq, xd, xsum, xs);
+    const q8_rows a = q8_layout(scratch, M, K);
+    if (quantize_x) q8_quantize(x, M, K, a);
+    const int8_t *xq = a.q;
+    const float *xd = a.d, *xs = a.s;
+    const int32_t *xsum = a.sum;
     const int64_t G = (N + R - 1) / R;
     if (threads < 1) threads = 1;
     if (threads == 1 || G < 4) {

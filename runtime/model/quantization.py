@@ -81,13 +81,13 @@ class GgufBlocks(QuantMethod):
 class GgufQ8(GgufBlocks):
     """The GGUF blocks multiplied by activations quantized to int8 per block of 32, as llama.cpp's q8 dot
     products do (``kernels.gemm.gguf_q8``): integer products, several times the fp32 arithmetic's pace on
-    batches and prefills, approximate. Weights of Q4_0, Q4_1 and Q8_0 blocks take them (repacked at load
-    into as many bytes); others keep the exact product. Needs what ``gguf`` needs and
+    batches and prefills, approximate. Weights of every block type take them: Q4_0, Q4_1 and Q8_0 repacked
+    at load into as many bytes, the others as the file stores them. Needs what ``gguf`` needs and
     ``capability.CpuPaths.q8_isa``."""
 
     name = "gguf_q8"
-    summary = ("a GGUF file's Q4_0 / Q4_1 / Q8_0 weights kept as stored, multiplied by activations quantized "
-               "to int8 per block of 32 (llama.cpp's q8 dot products; approximate)")
+    summary = ("a GGUF file's quantized weights kept as stored, multiplied by activations quantized to int8 "
+               "per block of 32 (llama.cpp's q8 dot products; approximate)")
 
     def check(self, dtype: str, device: str, gguf_file: bool) -> Optional[str]:
         from actorserve.kernels.gemm import gguf_q8

@@ -1,7 +1,7 @@
 """The q8 products (GGUF weights by int8-quantized activations): the repacked layout keeps the reference
-decoder's weights, and a product is the exact product of those weights with the activations as the q8
-quantization rounds them (per block of 32: d = max|x| / 127, q = round(x / d)), up to the order of the
-sums; under the AVX2 gate as natively."""
+decoder's weights, and a product, of any block type (repacked or as stored), is the exact product of the
+reference's weights with the activations as the q8 quantization rounds them (per block of 32: d = max|x|
+/ 127, q = round(x / d)), up to the order of the sums; under the AVX2 gate as natively."""
 import pytest
 import torch
 from torch.nn import functional as F
@@ -43,7 +43,7 @@ def test_the_repacked_layout_keeps_the_reference_bits(type_name):
     assert w.nbytes == 48 * k // 32 * gguf.TYPES[type_name][2]  # the file's bytes, rows padded to 16
 
 
-@pytest.mark.parametrize("type_name", gguf_q8.Q8_TYPES)
+@pytest.mark.parametrize("type_name", sorted(gguf.TYPES))
 @pytest.mark.parametrize("m", [1, 3, 8, 9, 40])
 def test_products_are_the_exact_product_of_the_rounded_activations(type_name, m):
     n, k = 300, 768
@@ -61,26 +61,28 @@ def test_products_are_the_exact_product_of_the_rounded_activations(type_name, m)
         assert (out - exact).norm() <= 0.02 * exact.norm()
 
 
-def test_segments_of_several_types_share_one_quantization_of_the_rows():
-    k = 64
-    segments, dense = fused([("Q4_1", 5), ("Q8_0", 19), ("Q4_0", 70)], k)
+@pytest.mark.parametrize("parts", [[("Q4_1", 5), ("Q8_0", 19), ("Q4_0", 70)],  # the repacked kernel alone
+                                   [("Q5_0", 70), ("Q8_0", 19), ("Q4_K", 5)],  # the row kernel first, then both
+                                   [("Q8_0", 9), ("IQ4_XS", 30), ("Q6_K", 20)]])
+def test_segments_of_several_types_share_one_quantization_of_the_rows(parts):
+    k = 256
+    segments, dense = fused(parts, k)
     w = gguf_q8.GgufQ8Weight(GgufWeight(segments, k))
-    assert w.out_features == 94 and torch.equal(w.dequantize(), dense)
+    assert w.out_features == dense.shape[0] and torch.equal(w.dequantize(), dense)
     x = torch.randn(2, 3, k)
     out = w.apply(x)
-    assert out.shape == (2, 3, 94)
+    assert out.shape == (2, 3, dense.shape[0])
     assert_q8_product(out, x, dense)
     into = w.rows_product(None, torch.float32).into  # the decode plan's call, by pointer
-    rows, got = x.reshape(6, k).contiguous(), torch.full((6, 94), float("nan"))
+    rows, got = x.reshape(6, k).contiguous(), torch.full((6, dense.shape[0]), float("nan"))
     into(rows.data_ptr(), got.data_ptr(), 6, 2)
-    assert torch.equal(got, out.reshape(6, 94))
+    assert torch.equal(got, out.reshape(6, -1))
 
 
-def test_other_block_types_and_bad_inputs_are_refused():
-    k_blocks = GgufWeight([Segment("Q4_K", blocks("Q4_K", 4, 256), 0, 4)], 256)
-    assert not gguf_q8.takes(k_blocks)
-    with pytest.raises(ValueError, match="Q4_K"):
-        gguf_q8.GgufQ8Weight(k_blocks)
+def test_every_type_is_taken_the_non_repacked_as_stored_and_bad_inputs_are_refused():
+    stored = blocks("Q4_K", 4, 256)
+    w = gguf_q8.GgufQ8Weight(GgufWeight([Segment("Q4_K", stored, 0, 4)], 256))
+    assert w.parts[0].packed.data_ptr() == stored.data_ptr() and w.nbytes == stored.numel()
     w = gguf_q8.GgufQ8Weight(GgufWeight([Segment("Q8_0", blocks("Q8_0", 4, 64), 0, 4)], 64))
     with pytest.raises(ValueError, match="fp32 input of 64"):
         w.apply(torch.randn(1, 64).bfloat16())
