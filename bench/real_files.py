@@ -132,7 +132,7 @@ def speed_part(spec: str, threads: int) -> dict:
         rows[name] = {"llama_cpp": count / min(peer.generate(ps, new)[0] for _ in range(2))}
     peer.close()
     for q in ("gguf", "gguf_q8"):
-        llm = LLM(path, kv_cache_memory=512 << 20, max_model_len=1024, **SETTINGS[q])
+        llm = LLM(path, kv_cache_memory=512 << 20, max_model_len=1024, enable_prefix_caching=False, **SETTINGS[q])
         greedy(llm, single, 4)
         for name, (ps, new, count) in workloads.items():
             rows[name][q] = count / min(greedy(llm, ps, new)[0] for _ in range(2))
