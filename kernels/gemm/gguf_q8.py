@@ -4,10 +4,11 @@ opt-in (``--quantization gguf_q8``) because they are approximate.
 The exact default (``gguf.GgufWeight``) multiplies every dequantized weight in fp32, which bounds a batch
 of decodes by fp32 arithmetic. Here each product is an integer dot product of the stored quants with
 the activations', scaled once a block, for every row count: the decodes of a batch and a prefill alike.
-Q4_0, Q4_1 and Q8_0 (what llama.cpp's small-model files mostly hold) are repacked at load, 16 rows side
-by side, into the bytes the file holds them in (``gguf_q8.c`` gives the layout), for one instruction a
-4-value group of 16 rows on AVX-512 VNNI; lookups of a tied embedding table decode rows of that layout,
-so the table is held once. Every other block type is multiplied as the file stores it, a row at a time
+Every block type but Q2_K and Q3_K is repacked at load, 16 rows side by side, its quants as the file
+stores them (``gguf_q8_layout.h`` gives the layout: the legacy types in as many bytes as the file's, the
+others with their scales widened to fp32), for one instruction a 4-value group of 16 rows on AVX-512 VNNI;
+lookups of a tied embedding table decode rows of that layout, so the table is held once. Q2_K and Q3_K
+(the smallest presets', kept at their size) are multiplied as the file stores them, a row at a time
 (``gguf_q8_blocks.c``). The segments of a fused weight share one quantization of the activations.
 
 Gate: ``capability.CpuPaths.q8_isa`` and a C compiler.
@@ -27,7 +28,8 @@ from actorserve.kernels.profiling import call
 
 SOURCE = Path(__file__).with_name("gguf_q8.c")
 BLOCKS_SOURCE = Path(__file__).with_name("gguf_q8_blocks.c")
-Q8_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # repacked, 16 rows side by side; every other type as stored
+# repacked, 16 rows side by side; Q2_K and Q3_K as stored
+Q8_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "MXFP4", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
 INTO_ROWS = 1 << 16  # a decode step's rows go straight to the kernel, whatever their count
 
 _i64, _p, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int

@@ -1,7 +1,8 @@
-/* q8 products over the GGUF blocks as the file stores them, for every block type that gguf_q8.c does not
- * repack (Q5_0, Q5_1, IQ4_NL, MXFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS): activations quantized to int8
- * per block of 32 (q8_activations.h), integer dot products with the weight's quants, as llama.cpp's q8
- * dot products compute them; approximate as theirs (gguf_blocks.c is the exact product).
+/* q8 products over the GGUF blocks as the file stores them, for the block types that gguf_q8.c does not
+ * repack (Q2_K and Q3_K, kept at their size; the kernel takes every type but Q4_0, Q4_1 and Q8_0):
+ * activations quantized to int8 per block of 32 (q8_activations.h), integer dot products with the weight's
+ * quants, as llama.cpp's q8 dot products compute them; approximate as theirs (gguf_blocks.c is the exact
+ * product).
  *
  * A weight row at a time, its 32-value sub-blocks read as the file holds them: each decoded once into 32
  * int8 quants in a 256-bit register (gguf_decode.h's layouts) with w = s q + mn, s and mn its scale and

@@ -11,14 +11,16 @@
 #define QK 32 /* values an activation block */
 
 /* M rows of K values in scratch: q[M K] int8 (from offset 0), then per block of 32 of each row its scale
- * d, the sum of its quants and s = d * sum, and s16[2] = d times the sums of its two halves of 16 (for
- * weights with a minimum per 16 values). The scratch holds M K + 64 + 20 M K / 32 bytes. */
+ * d, the sum of its quants and s = d * sum, s16[2] = d times the sums of its two halves of 16 (for weights
+ * with a minimum per 16 values) and sum16[2] those sums (for weights with an offset and a scale per 16).
+ * The scratch holds M K + 64 + 28 M K / 32 bytes. */
 typedef struct {
     int8_t *q;
     float *d;
     int32_t *sum;
     float *s;
     float *s16;
+    int32_t *sum16;
 } q8_rows;
 
 static inline q8_rows q8_layout(uint8_t *scratch, int64_t M, int64_t K) {
@@ -29,6 +31,7 @@ static inline q8_rows q8_layout(uint8_t *scratch, int64_t M, int64_t K) {
     a.sum = (int32_t *)(a.d + nb);
     a.s = (float *)(a.sum + nb);
     a.s16 = a.s + nb;
+    a.sum16 = (int32_t *)(a.s16 + 2 * nb);
     return a;
 }
 
@@ -73,6 +76,8 @@ static void q8_quantize(const float *x, int64_t M, int64_t K, q8_rows a) {
             a.s[i] = db * (float)(first + second);
             a.s16[2 * i] = db * (float)first;
             a.s16[2 * i + 1] = db * (float)second;
+            a.sum16[2 * i] = first;
+            a.sum16[2 * i + 1] = second;
         }
 }
 
