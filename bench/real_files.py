@@ -82,10 +82,11 @@ def hf_greedy(path: str, prompts: list[list[int]]) -> list[list[int]]:
 
     p = Path(path)
     model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None  # EOS may be chosen, and generation goes on, as ignore_eos
     out = []
     with torch.inference_mode():
         for ids in prompts:
-            got = model.generate(torch.tensor([ids]), max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False)
+            got = model.generate(torch.tensor([ids]), max_new_tokens=NEW, do_sample=False)
             out.append(got[0, len(ids):].tolist())
     return out
 
@@ -172,7 +173,8 @@ def _print(part: str, results: dict) -> None:
         for spec, r in results.items():
             for setting, a in r.items():
                 lc = a.get("llama_cpp")
-                print(f"{spec:44} {setting:9} {100 * a['transformers']['tokens']:6.1f}% {a['transformers']['prompts']:2d}/20"
+                hf = a["transformers"]
+                print(f"{spec:44} {setting:9} {100 * hf['tokens']:6.1f}% {hf['prompts']:2d}/20"
                       + ("" if lc is None else f" {100 * lc['tokens']:6.1f}% {lc['prompts']:2d}/20"))
         return
     print(f"{'file':44} {'workload':22} {'llama.cpp':>10} {'gguf':>16} {'gguf_q8':>16}")

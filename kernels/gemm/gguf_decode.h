@@ -146,7 +146,8 @@ static inline vf vkvalues(const int8_t *kvalues) {
     return out[0]; /* (the table's first VL entries: enough where VL is 16, the only build with tables) */
 }
 
-/* d, m: a Q4_0 / Q4_1 block's d and m, in every lane. */
+/* d, m: a Q4_0 / Q4_1 block's d and m, or Q4_K's and IQ4_XS's sub-block scale and Q4_K's minimum (negated),
+ * in every lane. */
 static inline __attribute__((always_inline)) const uint8_t *table4(int type, const uint8_t *blk, int j, vf d, vf m,
                                                                     vf *table) {
     if (type == Q4_0) {
@@ -163,12 +164,11 @@ static inline __attribute__((always_inline)) const uint8_t *table4(int type, con
         return blk + (type == IQ4_NL ? 2 : 1);
     }
     if (type == IQ4_XS) {
-        *table = vmul(vset1(half(blk) * (float)iq4xs_scale(blk, j)), vkvalues(KVALUES_IQ4NL));
+        *table = vmul(d, vkvalues(KVALUES_IQ4NL));
         return blk + 8 + 16 * j;
     }
-    int sc, mn; /* Q4_K: sub-block j's nibbles are the low (even j) or high ones of 32 bytes, two runs of 16 */
-    scale_min(blk + 4, j, &sc, &mn);
-    *table = vfmadd(vset1(half(blk) * (float)sc), viota(), vset1(-(half(blk + 2) * (float)mn)));
+    *table = vfmadd(d, viota(), m); /* Q4_K: sub-block j's nibbles are the low (even j) or high ones of 32
+                                     * bytes, two runs of 16 */
     return blk + 16 + 32 * (j / 2);
 }
 
@@ -186,21 +186,17 @@ static inline __attribute__((always_inline)) void table4_arith(int type, const u
         return;
     }
     if (type == Q4_K) {
-        int sc, mn;
-        scale_min(blk + 4, j, &sc, &mn);
-        const vf d = vset1(half(blk) * (float)sc), neg_dm = vset1(-(half(blk + 2) * (float)mn));
         const uint8_t *qs = blk + 16 + 32 * (j / 2);
         vexpand_u8(nibbles(qs, j & 1), w);
         vexpand_u8(nibbles(qs + 16, j & 1), w + 16 / VL);
-        for (int i = 0; i < SUB / VL; i++) w[i] = vfmadd(d, w[i], neg_dm);
+        for (int i = 0; i < SUB / VL; i++) w[i] = vfmadd(d, w[i], m);
         return;
     }
     /* IQ4_NL, MXFP4, IQ4_XS: the table's int8 entries picked by a byte shuffle, then one exact product */
     const int8_t *kvalues = type == MXFP4 ? KVALUES_MXFP4 : KVALUES_IQ4NL;
     const __m128i table = _mm_loadu_si128((const __m128i *)kvalues);
     const uint8_t *qs = type == IQ4_NL ? blk + 2 : type == MXFP4 ? blk + 1 : blk + 8 + 16 * j;
-    const vf scale = vset1(type == IQ4_NL ? half(blk) : type == MXFP4 ? e8m0_half(blk[0])
-                                                                      : half(blk) * (float)iq4xs_scale(blk, j));
+    const vf scale = type == IQ4_XS ? d : vset1(type == IQ4_NL ? half(blk) : e8m0_half(blk[0]));
     vexpand_i8(_mm_shuffle_epi8(table, nibbles(qs, 0)), w);
     vexpand_i8(_mm_shuffle_epi8(table, nibbles(qs, 1)), w + 16 / VL);
     for (int i = 0; i < SUB / VL; i++) w[i] = vmul(scale, w[i]);
@@ -226,8 +222,10 @@ static inline __attribute__((always_inline)) void decode_q5(int type, const uint
 #endif
 }
 
-/* Q2_K, Q3_K, Q5_K, Q6_K sub-block j: the quants as bytes (two runs of 16), then each 16's scale */
-static inline __attribute__((always_inline)) void decode_k(int type, const uint8_t *blk, int j, vf *w) {
+/* Q2_K, Q3_K, Q5_K, Q6_K sub-block j: the quants as bytes (two runs of 16), then each 16's scale (Q5_K's
+ * sub-block's one) and minimum from ks, km (``block_scales``) */
+static inline __attribute__((always_inline)) void decode_k(int type, const uint8_t *blk, int j, vf *w,
+                                                           const float *ks, const float *km) {
     const int h = j / 4, s = j % 4;
     __m128i q[2];
     if (type == Q2_K || type == Q3_K) { /* 2-bit quants s of the 32 bytes at 32 h; Q3_K's third bit j */
@@ -249,33 +247,78 @@ static inline __attribute__((always_inline)) void decode_k(int type, const uint8
     vexpand_u8(q[0], w);
     vexpand_u8(q[1], w + 16 / VL);
     if (type == Q5_K) {
-        int sc, mn;
-        scale_min(blk + 4, j, &sc, &mn);
-        const vf d = vset1(half(blk) * (float)sc), neg_dm = vset1(-(half(blk + 2) * (float)mn));
-        for (int i = 0; i < SUB / VL; i++) w[i] = vfmadd(d, w[i], neg_dm);
+        float sc = ks ? ks[j] : 0.0f, mn = ks ? km[j] : 0.0f;
+        if (!ks) {
+            int isc, imn;
+            scale_min(blk + 4, j, &isc, &imn);
+            sc = half(blk) * (float)isc, mn = -(half(blk + 2) * (float)imn);
+        }
+        for (int i = 0; i < SUB / VL; i++) w[i] = vfmadd(vset1(sc), w[i], vset1(mn));
         return;
     }
     for (int i = 0; i < SUB / VL; i++) {
         const int g = 2 * j + (i * VL) / 16; /* the 16-value group of these lanes */
         if (type == Q2_K) {
-            const uint8_t sc = blk[g];
-            const float dl = half(blk + 80) * (float)(sc & 0x0F), ml = half(blk + 82) * (float)(sc >> 4);
-            w[i] = vfmadd(vset1(dl), w[i], vset1(-ml));
+            const float dl = ks ? ks[g] : half(blk + 80) * (float)(blk[g] & 0x0F);
+            const float ml = ks ? km[g] : -(half(blk + 82) * (float)(blk[g] >> 4));
+            w[i] = vfmadd(vset1(dl), w[i], vset1(ml));
         } else if (type == Q3_K) { /* q - 4 is exact, and so is the product */
-            w[i] = vmul(vset1(half(blk + 108) * (float)q3k_scale(blk + 96, g)), vsub(w[i], vset1(4.0f)));
+            const float dl = ks ? ks[g] : half(blk + 108) * (float)q3k_scale(blk + 96, g);
+            w[i] = vmul(vset1(dl), vsub(w[i], vset1(4.0f)));
         } else { /* Q6_K: q - 32 is exact in fp32 */
-            w[i] = vmul(vset1(half(blk + 208) * (float)((const int8_t *)(blk + 192))[g]), vsub(w[i], vset1(32.0f)));
+            const float dl = ks ? ks[g] : half(blk + 208) * (float)((const int8_t *)(blk + 192))[g];
+            w[i] = vmul(vset1(dl), vsub(w[i], vset1(32.0f)));
         }
+    }
+}
+
+/* The types whose blocks carry sub-block scales: ``block_scales`` gives them. */
+static inline int scaled_blocks(int type) {
+    return type == Q2_K || type == Q3_K || type == Q4_K || type == Q5_K || type == Q6_K || type == IQ4_XS;
+}
+
+/* A 256-value block's sub-block scales widened into s[] (8 for Q4_K, Q5_K and IQ4_XS, one a 32 values; 16 for
+ * Q2_K, Q3_K and Q6_K, one a 16) and its minima, negated, into m[] (Q4_K, Q5_K, Q2_K): each the product the
+ * reference takes (d times the sub-block's scale, exact in fp32), computed once a block. */
+static inline __attribute__((always_inline)) void block_scales(int type, const uint8_t *blk, float *s, float *m) {
+    if (type == Q4_K || type == Q5_K) { /* the 12 bytes of 6-bit scales and minima unpacked 8 at a time */
+        uint32_t u[4];
+        memcpy(u, blk + 4, 12);
+        u[3] = ((u[2] >> 4) & 0x0F0F0F0Fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+        const uint32_t mins_low = u[1] & 0x3F3F3F3Fu;
+        u[1] = (u[2] & 0x0F0F0F0Fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+        u[2] = mins_low;
+        u[0] &= 0x3F3F3F3Fu;
+        const __m256 d = _mm256_set1_ps(half(blk)), dmin = _mm256_set1_ps(-half(blk + 2));
+        const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)u)));
+        const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + 2))));
+        _mm256_storeu_ps(s, _mm256_mul_ps(d, sc));
+        _mm256_storeu_ps(m, _mm256_mul_ps(dmin, mn)); /* -(dmin * mn): the sign of a product is exact */
+    } else if (type == Q6_K) {
+        const __m128i sc = _mm_loadu_si128((const __m128i *)(blk + 192));
+        const __m256 d = _mm256_set1_ps(half(blk + 208));
+        _mm256_storeu_ps(s, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
+        _mm256_storeu_ps(s + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)))));
+    } else if (type == Q3_K) {
+        const float d = half(blk + 108);
+        for (int g = 0; g < 16; g++) s[g] = d * (float)q3k_scale(blk + 96, g);
+    } else if (type == Q2_K) {
+        const float d = half(blk + 80), dmin = half(blk + 82);
+        for (int g = 0; g < 16; g++) s[g] = d * (float)(blk[g] & 0x0F), m[g] = -(dmin * (float)(blk[g] >> 4));
+    } else { /* IQ4_XS */
+        const float d = half(blk);
+        for (int j = 0; j < 8; j++) s[j] = d * (float)iq4xs_scale(blk, j);
     }
 }
 
 /* Values [32 j, 32 j + 32) of the block at blk into w[0 .. 32 / VL); where spread is set, the lanes of a
  * table type (``spreads``) in the order of ``vlut16_spread`` (the product puts its activations in that
- * order). sd, sm: where not NULL, a Q4_0 / Q4_1 / Q8_0 block's d (and Q4_1's m) widened already. */
+ * order). sd, sm, where not NULL: a Q4_0 / Q4_1 / Q8_0 block's d (and Q4_1's m) widened already, or for the
+ * types of ``scaled_blocks`` the block's ``block_scales`` (where NULL, this sub-block's are computed here). */
 static inline __attribute__((always_inline)) void decode(int type, const uint8_t *blk, int j, vf *w, int spread,
                                                          const float *sd, const float *sm) {
     vf d = vzero(), m = vzero(); /* a Q4_0 / Q4_1 / Q8_0 block's scale, and Q4_1's minimum (the others' two
-                                  * bytes after d are quants, and m goes unused) */
+                                  * bytes after d are quants, and m goes unused), or a sub-block's */
     if (type == Q8_0 || type == Q4_0 || type == Q4_1) {
         if (sd) {
             d = vset1(*sd);
@@ -283,6 +326,16 @@ static inline __attribute__((always_inline)) void decode(int type, const uint8_t
         } else {
             vset1_halves(blk, &d, &m);
         }
+    } else if ((type == Q4_K || type == IQ4_XS) && sd) {
+        d = vset1(sd[j]);
+        m = vset1(type == Q4_K ? sm[j] : 0.0f);
+    } else if (type == Q4_K) {
+        int sc, mn;
+        scale_min(blk + 4, j, &sc, &mn);
+        d = vset1(half(blk) * (float)sc);
+        m = vset1(-(half(blk + 2) * (float)mn));
+    } else if (type == IQ4_XS) {
+        d = vset1(half(blk) * (float)iq4xs_scale(blk, j));
     }
     if (type == Q8_0) {
         vexpand_i8(_mm_loadu_si128((const __m128i *)(blk + 2)), w);
@@ -308,7 +361,7 @@ static inline __attribute__((always_inline)) void decode(int type, const uint8_t
 #endif
         return;
     }
-    decode_k(type, blk, j, w);
+    decode_k(type, blk, j, w, sd, sm);
 }
 
 #endif

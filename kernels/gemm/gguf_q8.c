@@ -95,7 +95,8 @@ static inline vi high_bits(const uint8_t *p, int h, int bit) {
     const __m256i shuffle = _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL);
     const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), shuffle);
     const __m256i mask = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, mask), mask), _mm256_set1_epi8((char)(1 << bit)));
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, mask), mask);
+    return _mm256_and_si256(set, _mm256_set1_epi8((char)(1 << bit)));
 }
 /* a table type's values as int8 (the signs go onto the activations), looked up by nibble */
 static inline vi table_i8(const int8_t *kvalues) {
@@ -272,7 +273,8 @@ static inline __attribute__((always_inline)) void groups_mm(int type, q8_rows a,
                     }
                 } else {
                     const vq dw = scale_f32(type) ? scales32(r, h) : scales(r, h);
-                    for (int m = 0; m < MM; m++) accf[m] = fma_i(acc[m], fmul(dw, fset1(a.d[(m0 + m) * nb + b])), accf[m]);
+                    for (int m = 0; m < MM; m++)
+                        accf[m] = fma_i(acc[m], fmul(dw, fset1(a.d[(m0 + m) * nb + b])), accf[m]);
                 }
                 if (min_f16(type) || min_f32(type)) {
                     const vq mw = min_f32(type) ? scales32(r + sb, h) : scales(r + sb, h);

@@ -114,7 +114,8 @@ static inline __attribute__((always_inline)) sub_block decode_16(int type, const
     }
     r.mn[0] = r.mn[1] = 0.0f;
     if (type == Q3_K) { /* q - 4 */
-        const __m256i u = _mm256_or_si256(bits_at(blk + 32 + 32 * h, 2 * s, 3), _mm256_slli_epi16(bits_at(blk, j, 1), 2));
+        const __m256i u = _mm256_or_si256(bits_at(blk + 32 + 32 * h, 2 * s, 3),
+                                          _mm256_slli_epi16(bits_at(blk, j, 1), 2));
         r.q = _mm256_sub_epi8(u, _mm256_set1_epi8(4));
         const float d = half(blk + 108);
         r.s = halves(d * (float)q3k_scale(blk + 96, g), d * (float)q3k_scale(blk + 96, g + 1));

@@ -118,7 +118,8 @@ static void put_lane(int type, uint8_t *rec, int r, const sub_values *o) {
         return;
     }
     for (int c = 0; c < 4; c++)
-        for (int i = 0; i < 4; i++) p[64 * c + 4 * r + i] = (o->v[4 * c + i] & 0x0F) | (o->v[16 + 4 * c + i] & 0x0F) << 4;
+        for (int i = 0; i < 4; i++)
+            p[64 * c + 4 * r + i] = (o->v[4 * c + i] & 0x0F) | (o->v[16 + 4 * c + i] & 0x0F) << 4;
 }
 
 /* The weight of quant i (0 .. 31) of lane r of the record at rec: the reference decoder's value */
@@ -172,7 +173,8 @@ int gguf_q8_pack(int type, const uint8_t *src, int64_t N, int64_t K, uint8_t *ds
             for (int r = 0; r < R; r++) {
                 const int64_t n = g * R + r;
                 sub_values o = zero;
-                if (n < N) sub_block_values(type, src + n * row_bytes + b / per * block_bytes(type), (int)(b % per), &o);
+                if (n < N)
+                    sub_block_values(type, src + n * row_bytes + b / per * block_bytes(type), (int)(b % per), &o);
                 put_lane(type, dst + (g * subs + b) * rec, r, &o);
             }
     return 0;
