@@ -32,7 +32,7 @@ from actorserve.kernels import capability
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from compare_hf import resident_mib  # noqa: E402  (beside this script)
+from compare_hf import _RSS_LLAMA, resident_mib  # noqa: E402  (beside this script)
 from llama_cpp_peer import LlamaCpp  # noqa: E402
 
 PROMPTS = [
@@ -50,16 +50,6 @@ _RSS_OURS = """
 import psutil
 from actorserve import LLM
 llm = LLM({path!r}, quantization={quantization!r}, max_model_len=1024)
-print(psutil.Process().memory_info().rss)
-"""
-_RSS_LLAMA = """
-import psutil
-import llama_cpp as lc
-lc.llama_backend_init()
-model = lc.llama_model_load_from_file({path!r}.encode(), lc.llama_model_default_params())
-params = lc.llama_context_default_params()
-params.n_ctx = 256
-ctx = lc.llama_init_from_model(model, params)
 print(psutil.Process().memory_info().rss)
 """
 

@@ -16,6 +16,7 @@ requantized by llama.cpp's own quantizer to the presets that hold the remaining 
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -123,6 +124,9 @@ def test_greedy_picks_transformers_best_token(case, setting, references):
     from actorserve import LLM, SamplingParams
     from actorserve.runtime.model.quantization import METHODS
 
+    if case[1] is not None and os.environ.get("ACTORSERVE_CPU_ISA"):
+        pytest.skip("the requantized files generate in the native pass; under a lesser ISA their every tensor's "
+                    "decode is checked here, and every type's products in tests/kernels/gemm")
     why = METHODS[setting].check("float32", "cpu", True) if setting == "gguf_q8" else None
     if why is not None:  # (the default, "gguf", is the dense fp32 product where the kernels do not run)
         pytest.skip(f"{setting} does not run here: {why}")
