@@ -346,9 +346,9 @@ class RuntimeConfig:
     start_timeout: float = option(300.0, "seconds for every process to load and report ready")
     shutdown_timeout: float = option(5.0, "seconds from close() or SIGTERM until every process has exited")
     health_timeout: float = option(5.0, "a health ping not answered in this long means the engine is stuck")
-    # longer than any one step, which runs on the worker's loop
-    hang_timeout: float = option(30.0, "seconds without a heartbeat after which a process of the engine is "
-                                       "declared hung (dead)")
+    # a process beats while its loop turns or a step of it computes (runtime.liveness): a slow step is no hang
+    hang_timeout: float = option(30.0, "seconds without a heartbeat (its loop not turning and nothing "
+                                       "computing) after which a process of the engine is declared hung (dead)")
     # a bigger ZMQ message gets the DEALER disconnected before anything is buffered
     max_request_body_bytes: int = option(4 << 20, "the largest HTTP request body, and the largest ZMQ message, a "
                                                   "client may send")

@@ -3,7 +3,7 @@
 The launcher calls ``spawn``: a fresh interpreter runs ``python -m actorserve.runtime.process`` (so the caller's
 ``__main__`` is never re-imported, guard or no guard), reads its typed ChildSpec from stdin, builds its
 actor on a uvloop loop, and reports ``{"kind": "ready" | "error", ...}`` as one JSON line on the ready
-pipe, then beats on the same pipe from its loop (the supervisor's hang detection). It stops on SIGTERM,
+pipe, then beats on the same pipe (``runtime.liveness``: the supervisor's hang detection). It stops on SIGTERM,
 when the launcher's end of the death pipe closes (the launcher died), or when its actor stops. SIGINT is
 left to the launcher, which drives shutdown for the whole engine.
 """
@@ -26,6 +26,7 @@ from actorserve import SOURCE_ROOT
 from actorserve.kernels.capability import library_env
 from actorserve.runtime.actors.addresses import Addresses
 from actorserve.runtime.config import EngineConfig
+from actorserve.runtime.liveness import Heartbeat
 from actorserve.runtime.logs import setup_logging
 
 log = logging.getLogger("actorserve.process")
@@ -127,9 +128,9 @@ async def _run(spec: ChildSpec, ready, death_fd: int) -> int:
         nonlocal reported
         report("ready", info=info)
         reported = True
-        beats.append(asyncio.ensure_future(_heartbeat(ready.fileno(), spec.config.runtime.heartbeat_interval)))
+        heartbeat.start(loop)
 
-    beats: list[asyncio.Task] = []
+    heartbeat = Heartbeat(ready.fileno(), spec.config.runtime.heartbeat_interval)
 
     try:
         if spec.role == "worker":
@@ -146,22 +147,8 @@ async def _run(spec: ChildSpec, ready, death_fd: int) -> int:
             report("error", message=f"{spec.name}: {type(exc).__name__}: {exc}")
         return 1
     finally:
-        for task in beats:
-            task.cancel()
+        heartbeat.stop()
         zctx.term()
-
-
-async def _heartbeat(fd: int, interval: float) -> None:
-    """Beat on the ready pipe from this process's own loop: a loop that stops turning stops beating."""
-    os.set_blocking(fd, False)
-    while True:
-        try:
-            os.write(fd, b".")
-        except BlockingIOError:
-            pass  # the launcher has beats enough unread
-        except OSError:
-            return  # the launcher is gone; the death pipe stops us
-        await asyncio.sleep(interval)
 
 
 def _on_launcher_gone(loop, death_fd: int, actor) -> None:

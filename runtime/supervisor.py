@@ -3,9 +3,9 @@ shut down.
 
 Runs in the launcher (the caller's process, or ``actorserve serve-zmq``). A child that dies is seen
 through its pidfd on the launcher's loop, at once. A child that hangs (stopped, deadlocked, stuck in a
-call that never returns) is seen by its heartbeat: once ready, every child beats on its ready pipe
-from its own event loop, and one whose beats stop for ``hang_timeout`` seconds is declared dead and
-killed. Either way the launcher's callback marks the engine dead and the supervisor tears the rest
+call that never returns) is seen by its heartbeat: once ready, every child beats on its ready pipe while
+its event loop turns or a step of it computes (``runtime.liveness``), so a slow step is never a hang, and
+one whose beats stop for ``hang_timeout`` seconds is declared dead and killed. Either way the launcher's callback marks the engine dead and the supervisor tears the rest
 down. Shutdown waits for a clean exit until a deadline, then terminates, then kills: no child outlives
 it.
 """
@@ -19,6 +19,7 @@ import shutil
 from typing import Callable, Optional
 
 from actorserve.runtime.errors import EngineStartError
+from actorserve.runtime.liveness import LOOP
 from actorserve.runtime.process import Child, ChildSpec, spawn
 
 log = logging.getLogger("actorserve.supervisor")
@@ -35,6 +36,8 @@ class Supervisor:
         self._hang_timeout = hang_timeout
         self._interval = heartbeat_interval
         self._last_beat: dict[str, float] = {}
+        self._last_turn: dict[str, float] = {}  # the last beat that said the child's loop turned
+        self._slow_said: set[str] = set()  # children whose long step the log has named
         self._check_timer: Optional[asyncio.TimerHandle] = None
 
     @property
@@ -74,13 +77,17 @@ class Supervisor:
             loop.add_reader(child.sentinel, self._exited, child)
             os.set_blocking(child.ready.fileno(), False)
             loop.add_reader(child.ready.fileno(), self._drain_beats, child)
-            self._last_beat[child.name] = loop.time()
+            self._last_beat[child.name] = self._last_turn[child.name] = loop.time()
         self._check_timer = loop.call_later(self._interval, self._check_beats)
 
     def _drain_beats(self, child: Child) -> None:
         try:
-            while os.read(child.ready.fileno(), 4096):
-                self._last_beat[child.name] = asyncio.get_running_loop().time()
+            while beats := os.read(child.ready.fileno(), 4096):
+                now = asyncio.get_running_loop().time()
+                self._last_beat[child.name] = now
+                if LOOP in beats:
+                    self._last_turn[child.name] = now
+                    self._slow_said.discard(child.name)
         except BlockingIOError:
             pass
         except OSError:
@@ -99,6 +106,11 @@ class Supervisor:
                 self._dead(child, f"{child.name} stopped answering (no heartbeat for {silent:.1f} s, "
                                   f"hang_timeout is {self._hang_timeout:g} s)")
                 return
+            busy = loop.time() - self._last_turn[child.name]
+            if busy > self._hang_timeout and child.name not in self._slow_said:
+                self._slow_said.add(child.name)
+                log.warning("%s has computed one step for %.0f s (past hang_timeout, %g s, and still computing: "
+                            "slow, not hung)", child.name, busy, self._hang_timeout)
         self._check_timer = loop.call_later(self._interval, self._check_beats)
 
     def _exited(self, child: Child) -> None:

@@ -55,3 +55,19 @@ def test_a_stopped_child_is_declared_dead(child):
     finally:
         code = server.stop()
     assert code == 1
+
+
+def test_a_step_that_computes_past_the_hang_timeout_is_slow_not_hung():
+    """A 2048-token prefill chunk takes about two seconds here, twice the hang timeout: the worker's loop
+    does not turn meanwhile, but it computes, so it keeps beating; the request completes, the server stays
+    healthy, and the log names the step as slow."""
+    server = Server("--hang-timeout", "1", "--max-model-len", "4096", "--kv-cache-memory", str(256 << 20))
+    try:
+        r = http("POST", server.base_url + "/v1/completions", {"prompt": list(range(1000, 3000)), "max_tokens": 2},
+                 headers=AUTH, timeout=120)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == 2000
+        assert http("GET", server.base_url + "/health", timeout=5).status_code == 200
+        assert b"slow, not hung" in server.output()
+    finally:
+        assert server.stop() == 0
