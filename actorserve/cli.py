@@ -85,6 +85,7 @@ def _serve_http(a: argparse.Namespace) -> int:
         return 2
     options = ServeOptions(served_model_names=tuple(a.served_model_name or ()), api_key=a.api_key,
                            chat_template=read_chat_template(a.chat_template),
+                           trust_request_chat_template=a.trust_request_chat_template,
                            tool_parser=a.tool_call_parser if a.enable_auto_tool_choice else None,
                            generation_config=a.generation_config, uvicorn_log_level=a.uvicorn_log_level,
                            access_log=not a.disable_uvicorn_access_log, log_requests=not a.disable_log_requests)
@@ -184,6 +185,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       help="the names the API answers to (the first is the one reported); default: the model's")
     http.add_argument("--chat-template", default=None,
                       help="a chat template file, or the template itself, for requests that give none")
+    http.add_argument("--trust-request-chat-template", action="store_true",
+                      help="render a request's own chat_template (a template is a program: without this flag it "
+                           "is a 400)")
     http.add_argument("--enable-auto-tool-choice", action="store_true",
                       help='"auto" tool choice (also tools without tool_choice): the --tool-call-parser finds the '
                            "model's calls in its answer")

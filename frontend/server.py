@@ -38,6 +38,8 @@ class HttpLimits:
     timeout_keep_alive: int = 5  # seconds an idle keep-alive connection stays open
     request_read_timeout: float = 10.0  # seconds for a request's head, and again for its body, to arrive
     limit_concurrency: int = 1024  # connections (and requests) at once; beyond, uvicorn answers 503
+    chat_template_seconds: float = 5.0  # a chat template's render, in its own process; longer is a 400
+    chat_template_memory: int = 512 << 20  # bytes that render may allocate; more is a 400
 
     def validate(self) -> "HttpLimits":
         for f in dataclasses.fields(self):
@@ -53,6 +55,7 @@ class ServeOptions:
     served_model_names: tuple[str, ...] = ()  # the first is the one reported; default: the model's
     api_key: Optional[str] = None
     chat_template: Optional[str] = None
+    trust_request_chat_template: bool = False  # render a request's own chat_template (else it is a 400)
     tool_parser: Optional[str] = None  # "auto" tool choice's parser (--enable-auto-tool-choice --tool-call-parser)
     generation_config: str = "auto"  # "auto": the model's generation_config.json; "vllm": none; or a folder
     uvicorn_log_level: str = "info"
@@ -112,15 +115,19 @@ def generation_defaults(choice: str, model: Optional[str]) -> dict:
 
 
 def new_context(engine, model: Optional[str], served_model_names: Sequence[str] = (),
-                options: Optional[ServeOptions] = None) -> ServingContext:
-    """A context whose engine has not started yet: ``complete_context`` fills in the rest."""
+                options: Optional[ServeOptions] = None, limits: Optional[HttpLimits] = None) -> ServingContext:
+    """A context whose engine has not started yet: ``complete_context`` fills in the rest. With ``limits``
+    (a server's), chat templates render in a process of their own within its budget."""
     from actorserve.runtime.model.loader import DEFAULT_MODEL_NAME
+    from actorserve.runtime.model.template_renderer import TemplateRenderer
 
     names = tuple(served_model_names) or (model if model is not None else DEFAULT_MODEL_NAME,)
     options = options or ServeOptions()
+    renderer = None if limits is None else TemplateRenderer(limits.chat_template_seconds, limits.chat_template_memory)
     return ServingContext(engine, None, names[0], 0, 0, FrontendMetrics(names[0]), served_model_names=names,
                           chat_template=options.chat_template, log_requests=options.log_requests,
-                          tool_parser=options.tool_parser)
+                          tool_parser=options.tool_parser, renderer=renderer,
+                          trust_request_chat_template=options.trust_request_chat_template)
 
 
 async def complete_context(ctx: ServingContext, model: Optional[str], generation_config: str = "vllm") -> None:
@@ -132,10 +139,13 @@ async def complete_context(ctx: ServingContext, model: Optional[str], generation
     tokenizer_path = ctx.engine.config.model.tokenizer
     loop = asyncio.get_running_loop()
     tokenizer_job = loop.run_in_executor(None, lambda: load_tokenizer(tokenizer_path or resolve_model_path(model)))
+    renderer_job = loop.run_in_executor(None, ctx.renderer.start) if ctx.renderer is not None else None
     try:
         await ctx.engine.start()
     finally:
         tokenizer = await tokenizer_job
+        if renderer_job is not None:
+            await renderer_job
     from actorserve.runtime.model.tokenizer import max_token_chars
 
     info = ctx.engine.info
@@ -149,14 +159,15 @@ async def complete_context(ctx: ServingContext, model: Optional[str], generation
 
 
 async def build_context(engine, model: Optional[str], served_model_names: Sequence[str] = ()) -> ServingContext:
-    ctx = new_context(engine, model, served_model_names)
+    """A batch file's context: its requests are the operator's, their chat templates rendered in-process."""
+    ctx = new_context(engine, model, served_model_names, ServeOptions(trust_request_chat_template=True))
     await complete_context(ctx, model)
     return ctx
 
 
 async def serve(engine, host: str, port: int, model: Optional[str], options: ServeOptions = ServeOptions(),
                 limits: HttpLimits = HttpLimits()) -> int:
-    ctx = new_context(engine, model, options.served_model_names, options)
+    ctx = new_context(engine, model, options.served_model_names, options, limits)
     ctx.ready = asyncio.ensure_future(complete_context(ctx, model, options.generation_config))
     app = BodyLimit(build_app(ctx, options.api_key), engine.config.runtime.max_request_body_bytes,
                     limits.request_read_timeout)
@@ -178,6 +189,7 @@ async def serve(engine, host: str, port: int, model: Optional[str], options: Ser
         await asyncio.gather(ctx.ready, watch, return_exceptions=True)
         await engine.close()
         ctx.pool.shutdown(wait=False, cancel_futures=True)
+        ctx.renderer.close()
 
 
 async def _watch(ctx: ServingContext, server: "_Server") -> None:

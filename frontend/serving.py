@@ -23,6 +23,7 @@ from actorserve.runtime.engine.outputs import CompletionOutput, Logprob, Request
 from actorserve.runtime.engine.sampling_params import (RequestLimits, SamplingParams, truncate_prompt,
                                                        verify_prompt_text, verify_request)
 from actorserve.runtime.errors import EngineDeadError, EngineSleepingError
+from actorserve.runtime.model.template_renderer import TemplateRenderer
 from actorserve.runtime.model.tokenizer import encode
 
 log = logging.getLogger("actorserve.frontend")
@@ -47,6 +48,8 @@ class ServingContext:
     max_n: int = 128
     max_token_chars: int = 1  # the longest token, in characters: the bound of the cheap length check
     chat_template: Optional[str] = None  # the server's --chat-template: for requests that give none
+    trust_request_chat_template: bool = False  # --trust-request-chat-template: a request's own is rendered
+    renderer: Optional[TemplateRenderer] = None  # a server's: templates render in its process, in its budget
     served_model_names: tuple[str, ...] = ()  # every name a request may give (model_name is the first)
     default_sampling: dict = field(default_factory=dict)  # --generation-config: for fields a request leaves unset
     tool_parser: Optional[str] = None  # --tool-call-parser with --enable-auto-tool-choice: "auto" tool choice

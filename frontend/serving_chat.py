@@ -11,6 +11,7 @@ from actorserve.frontend.protocol import ChatCompletionRequest, ChatMessage
 from actorserve.frontend.serving import (SSE_DONE, Prompt, ServingContext, clamp_logprob, now, prompt_logprobs_json,
                                          sse, usage)
 from actorserve.runtime.engine.outputs import CompletionOutput, Logprob
+from actorserve.runtime.engine.sampling_params import prompt_text_bound
 from actorserve.runtime.model.chat_template import render
 
 log = logging.getLogger("actorserve.frontend")
@@ -21,13 +22,20 @@ async def render_chat(ctx: ServingContext, messages: list[ChatMessage], add_gene
                       tools: Optional[list] = None, documents: Optional[list] = None,
                       template_kwargs: Optional[dict] = None, add_special_tokens: bool = False) -> Prompt:
     """The template and the tokenizer run on the pool's thread, after the cheap length check; the
-    server's ``--chat-template`` stands in for a request that names none."""
+    server's ``--chat-template`` stands in for a request that names none, and a request's own is rendered
+    only under ``--trust-request-chat-template``. A server renders in its ``TemplateRenderer``'s process,
+    within its budget and the prompt's length bound, before anything is tokenized."""
+    if chat_template is not None and not ctx.trust_request_chat_template:
+        raise APIError(400, "chat_template: a request's own chat template is refused unless the server runs "
+                            "with --trust-request-chat-template", "chat_template")
     ctx.check_length("".join(m.text() for m in messages), "messages")
     conversation = [m.model_dump(exclude_none=True) for m in messages]
+    bound = prompt_text_bound(ctx.max_model_len, ctx.max_token_chars)
     try:
         text, ids = await ctx.off_loop(lambda: render(
             ctx.tokenizer, conversation, add_generation_prompt, continue_final_message,
-            chat_template or ctx.chat_template, tools, documents, template_kwargs, add_special_tokens))
+            chat_template or ctx.chat_template, tools, documents, template_kwargs, add_special_tokens,
+            ctx.renderer, bound))
     except ValueError as exc:
         raise APIError(400, str(exc), "messages") from None
     return Prompt(text, ids)

@@ -20,6 +20,10 @@ from actorserve.runtime.engine.outputs import Logprob
 from actorserve.runtime.engine.sampling_params import MAX_LOGPROBS, SamplingParams
 
 
+# a score divides by the length to this power: past it, a length of a few thousand tokens overflows a float
+MAX_LENGTH_PENALTY = 10.0
+
+
 @dataclass(frozen=True)
 class BeamSearchParams:
     """vLLM's: beams kept a step, tokens to generate, and the score's length penalty."""
@@ -39,8 +43,11 @@ class BeamSearchParams:
         tokens = self.max_tokens
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {tokens!r}")
-        if not isinstance(self.length_penalty, (int, float)) or not math.isfinite(self.length_penalty):
-            raise ValueError(f"length_penalty must be a finite number, got {self.length_penalty!r}")
+        penalty = self.length_penalty
+        if isinstance(penalty, bool) or not isinstance(penalty, (int, float)) or not math.isfinite(penalty) \
+                or abs(penalty) > MAX_LENGTH_PENALTY:
+            raise ValueError(f"length_penalty must be a number in [-{MAX_LENGTH_PENALTY:g}, {MAX_LENGTH_PENALTY:g}] "
+                             f"(the exponent of the score's length), got {penalty!r}")
         # the step's own params check the temperature, as generation does
         self.step_params()
 

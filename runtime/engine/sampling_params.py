@@ -240,17 +240,25 @@ def verify_request(token_ids: list[int], params: SamplingParams, limits: Request
     verify_prompt_token_ids(token_ids, limits.vocab_size)
     params.verify_for_model(limits.vocab_size, can_detokenize)
     _check(params.n <= limits.max_n, "n", f"must be at most {limits.max_n} (the server's max_n), got {params.n}")
+    _check(n + params.min_tokens <= ctx, "min_tokens", f"must leave the prompt room in this model's maximum context "
+                                                      f"length of {ctx} tokens: at most {ctx - n} after its {n}, got "
+                                                      f"{params.min_tokens}")
     if params.max_tokens is not None and n + params.max_tokens > ctx:
         raise ValueError(f"max_tokens: this model's maximum context length is {ctx} tokens. However, you "
                          f"requested {n + params.max_tokens} tokens ({n} in the prompt, {params.max_tokens} "
                          "in the completion). Please reduce the length of the prompt or the completion.")
 
 
+def prompt_text_bound(max_model_len: int, max_token_chars: int) -> int:
+    """The most characters a prompt may have: no token covers more than ``max_token_chars`` characters,
+    so a text longer than twice (for normalizers) ``max_model_len`` of them cannot fit."""
+    return 2 * max_model_len * max(1, max_token_chars)
+
+
 def verify_prompt_text(text: str, max_model_len: int, max_token_chars: int, name: str = "prompt") -> None:
-    """Before tokenizing: no token covers more than ``max_token_chars`` characters, so a text longer than
-    twice (for normalizers) ``max_model_len`` of them cannot fit, and is refused without the work."""
+    """Before tokenizing: a text past ``prompt_text_bound`` cannot fit, and is refused without the work."""
     check_text(text, name)
-    bound = 2 * max_model_len * max(1, max_token_chars)
+    bound = prompt_text_bound(max_model_len, max_token_chars)
     _check(len(text) <= bound, name, f"has {len(text)} characters, more than this model's maximum context length "
                                      f"of {max_model_len} tokens can hold")
 

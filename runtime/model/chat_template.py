@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+from actorserve.runtime.model.template_renderer import TemplateRenderer
 from actorserve.runtime.model.tokenizer import encode
 
 _PASSED = ("name", "tool_calls", "tool_call_id")  # kept beside role and content when a message has them
@@ -43,8 +44,10 @@ def render(tokenizer, messages: Sequence[Any], add_generation_prompt: bool = Tru
            continue_final_message: bool = False, chat_template: Optional[str] = None,
            tools: Optional[list] = None, documents: Optional[list] = None,
            template_kwargs: Optional[dict[str, Any]] = None, add_special_tokens: bool = False,
-           ) -> tuple[str, list[int]]:
-    """The templated text and its tokens. Raises ValueError for what the caller got wrong."""
+           renderer: Optional[TemplateRenderer] = None, max_chars: int = 0) -> tuple[str, list[int]]:
+    """The templated text and its tokens. Raises ValueError for what the caller got wrong. With a
+    ``renderer``, the template runs in its process, within its budget and ``max_chars`` of text (the
+    server's renders); without, here (``LLM.chat``: the caller's own templates)."""
     conversation = [normalize_message(m) for m in messages]
     if not conversation:
         raise ValueError("messages must not be empty")
@@ -60,6 +63,10 @@ def render(tokenizer, messages: Sequence[Any], add_generation_prompt: bool = Tru
     if chat_template is None and not getattr(tokenizer, "chat_template", None):
         raise ValueError("this model has no chat template (a base model's file carries none): give one with "
                          "chat_template= (LLM.chat) or --chat-template (actorserve serve), or send completions")
+    if renderer is not None:
+        text = renderer.render(tokenizer, conversation, max_chars, chat_template, tools, documents,
+                               add_generation_prompt, continue_final_message, kwargs)
+        return text, encode(tokenizer, text, add_special_tokens=add_special_tokens)
     try:
         text = tokenizer.apply_chat_template(conversation, tokenize=False, chat_template=chat_template,
                                              add_generation_prompt=add_generation_prompt,

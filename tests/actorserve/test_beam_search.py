@@ -64,6 +64,9 @@ def test_beams_match_the_same_search_on_transformers_logits(smollm, hf_smollm, c
 def test_bad_prompts_and_params_are_refused_before_anything_runs(smollm):
     with pytest.raises(ValueError, match="beam_width"):
         BeamSearchParams(beam_width=0, max_tokens=4)
+    for penalty in (1e308, -1e308, 10.5, float("nan")):  # (a score's length to this power overflowed: a 500)
+        with pytest.raises(ValueError, match="length_penalty"):
+            BeamSearchParams(beam_width=2, max_tokens=4, length_penalty=penalty)
     with pytest.raises(ValueError, match="prompt"):
         smollm.beam_search([{"prompt_token_ids": [1, 10 ** 9]}], BeamSearchParams(beam_width=2, max_tokens=2))
     # and the engine serves on

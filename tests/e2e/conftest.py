@@ -7,7 +7,7 @@ from tests.e2e.server import API_KEY, Server
 
 @pytest.fixture(scope="session")
 def server():
-    s = Server()
+    s = Server("--trust-request-chat-template")  # (the parity tests send templates; the hostile ones do not trust)
     yield s
     assert s.stop() == 0
 

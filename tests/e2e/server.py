@@ -46,10 +46,15 @@ class Server:
             return f.read()
 
     def rss(self) -> dict[str, int]:
-        """Resident memory of the server and each child, by name (frontend, scheduler, worker0...)."""
-        sizes = {"frontend": psutil.Process(self.proc.pid).memory_info().rss}
-        for pid in self.children:
-            sizes[psutil.Process(pid).cmdline()[-1]] = psutil.Process(pid).memory_info().rss
+        """Resident memory of the server and each child now running, by name (frontend, scheduler, worker0,
+        the chat template's renderer...)."""
+        server = psutil.Process(self.proc.pid)
+        sizes = {"frontend": server.memory_info().rss}
+        for child in server.children(recursive=True):
+            try:
+                sizes[child.cmdline()[-1]] = child.memory_info().rss
+            except psutil.NoSuchProcess:
+                pass  # (ended meanwhile)
         return sizes
 
     def child_pid(self, name: str) -> int:
@@ -58,6 +63,10 @@ class Server:
 
     def stop(self) -> int:
         if self.proc.poll() is None:
+            try:  # (children started since: a chat template renderer that replaced one)
+                self.children |= {p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)}
+            except psutil.NoSuchProcess:
+                pass
             self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(15)

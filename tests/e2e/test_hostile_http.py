@@ -262,3 +262,43 @@ def test_connections_beyond_the_limit_get_a_503(server, bounded):
             s.close()
     time.sleep(0.5)
     bounded.check("connections beyond the limit")
+
+
+def test_a_requests_own_chat_template_is_refused_without_the_opt_in(server, bounded):
+    r = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+                                              "chat_template": "{% for i in range(10**9) %}x{% endfor %}"})
+    assert_error(r, 400, "chat_template", "--trust-request-chat-template")
+    bounded.check("a request's own chat template")
+
+
+BOMBS = [("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", ("within 1 s",)),
+         ("{% set a = [0] * 5000 %}{% for i in a %}{{ a|join(',') }}{% endfor %}",  # (50 MB: either, here)
+          ("within 1 s", "more than the prompt may hold")),
+         ("{{ 'x ' * 25000000 }}", ("more than the prompt may hold",)),
+         ("{% set a = 'x' * 100000000 %}{{ (a ~ a ~ a ~ a ~ a ~ a ~ a ~ a)|length }}", ("MiB of memory",))]
+
+
+@pytest.mark.time_limit(600)
+def test_a_trusted_template_renders_within_its_budget_and_others_keep_being_served():
+    """With the opt-in, every render still runs in its own process within --chat-template-seconds and
+    --chat-template-memory, and its text within the prompt's length, before anything is tokenized."""
+    s = Server("--trust-request-chat-template", "--chat-template-seconds", "1", "--chat-template-memory",
+               str(256 << 20))
+    try:
+        idle = s.rss()
+        for template, words in BOMBS:
+            start = time.monotonic()
+            r = post(s, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+                                                 "chat_template": template})
+            assert_error(r, 400, "messages")
+            assert any(w in r.json()["error"]["message"] for w in words), r.text
+            assert time.monotonic() - start < 3.0, template
+            r = post(s, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+            assert r.status_code == 200, r.text
+        r = post(s, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                                             "chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}"})
+        assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 1, r.text
+        now = s.rss()
+        assert all(now[name] < 1.2 * size for name, size in idle.items() if name in now), (idle, now)
+    finally:
+        assert s.stop() == 0

@@ -129,6 +129,8 @@ BAD_PARAMS = [
     ({"top_k": 2 ** 64 - 1}, "top_k"), ({"seed": 2 ** 64 - 1, "n": 2}, None),
     ({"temperature": float("inf")}, "temperature"),
     ({"logit_bias": {5: 1e9}}, None), ({"stop_token_ids": [2 ** 63]}, "stop_token_ids"),
+    ({"min_tokens": 10 ** 9}, "min_tokens"),  # (max_tokens unset: the context bounds it, as over HTTP)
+    ({"top_p": float("nan")}, "top_p"), ({"presence_penalty": 1e308}, "presence_penalty"),
 ]
 
 
