@@ -33,6 +33,7 @@ _PUBLIC = {
     "Logprob": "actorserve.runtime.engine.outputs", "ActorServeError": "actorserve.runtime.errors",
     "EngineDeadError": "actorserve.runtime.errors", "EngineStartError": "actorserve.runtime.errors",
     "ModelLoadError": "actorserve.runtime.errors", "EngineSleepingError": "actorserve.runtime.errors",
+    "EngineOverloadedError": "actorserve.runtime.errors",
 }
 __all__ = list(_PUBLIC)
 __version__ = "0.1.0"

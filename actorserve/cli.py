@@ -11,11 +11,18 @@ from actorserve.frontend.tool_calls import PARSERS
 from actorserve.runtime.errors import ActorServeError
 
 
-def _engine_args(p: argparse.ArgumentParser) -> None:
+# the engine's defaults where it serves clients it does not know: a bounded queue (a client's fan-out of
+# prompts x n is refused, not queued ahead of everyone for minutes)
+SERVING_DEFAULTS = {"max_waiting_seqs": 4096}
+
+
+def _engine_args(p: argparse.ArgumentParser, serving: bool = False) -> None:
     p.add_argument("--model", default=None, help="a .gguf file, an HF model directory, or an HF hub id in the "
                                                  "local HF cache (default: the embedded SmolLM2)")
     p.add_argument("--config", metavar="FILE", help="a YAML file of these flags (flags given here win)")
     add_engine_arguments(p)
+    if serving:
+        p.set_defaults(**SERVING_DEFAULTS)
 
 
 def _generate(a: argparse.Namespace) -> int:
@@ -175,7 +182,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                             help="CurveZMQ: the server's key pair (a zmq.auth .key_secret certificate file)")
     zmq_server.add_argument("--curve-authorized-keys", default=None,
                             help="CurveZMQ: a folder of the public certificates of the clients allowed in")
-    _engine_args(zmq_server)
+    _engine_args(zmq_server, serving=True)
     http = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
     http.add_argument("model_tag", nargs="?", default=None, help="a .gguf file or HF directory")
     http.add_argument("--host", default="127.0.0.1")
@@ -205,7 +212,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       help="also serve the ZMQ client protocol (docs/protocol.md) here: tcp://HOST:PORT or ipc://PATH")
     http.add_argument("--zmq-api-key", default=None, help="every ZMQ client message must carry this api_key")
     _http_limit_args(http)
-    _engine_args(http)
+    _engine_args(http, serving=True)
     batch = sub.add_parser("run-batch", help="run an OpenAI batch file (JSONL) offline")
     batch.add_argument("-i", "--input-file", required=True)
     batch.add_argument("-o", "--output-file", required=True)

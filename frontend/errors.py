@@ -12,12 +12,17 @@ _TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundErro
 _FIELD = re.compile(r"^([a-z_]+)[: ]")
 
 
+RETRY_AFTER_S = 1  # what a 503 for a full queue tells a client (and a gateway) to wait before sending again
+
+
 class APIError(Exception):
-    def __init__(self, status: int, message: str, param: Optional[str] = None) -> None:
+    def __init__(self, status: int, message: str, param: Optional[str] = None,
+                 retry_after: Optional[int] = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
+        self.retry_after = retry_after
 
     @classmethod
     def bad_request(cls, exc: Exception, names: Optional[dict[str, str]] = None) -> "APIError":
@@ -37,7 +42,8 @@ def error_body(status: int, message: str, param: Optional[str] = None) -> dict:
 
 
 def error_response(exc: APIError) -> JSONResponse:
-    return JSONResponse(error_body(exc.status, exc.message, exc.param), status_code=exc.status)
+    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
+    return JSONResponse(error_body(exc.status, exc.message, exc.param), status_code=exc.status, headers=headers)
 
 
 def sse_error(exc: APIError) -> str:

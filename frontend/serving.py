@@ -16,13 +16,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Optional, Sequence
 
-from actorserve.frontend.errors import APIError
+from actorserve.frontend.errors import RETRY_AFTER_S, APIError
 from actorserve.frontend.metrics import FrontendMetrics
 from actorserve.runtime.engine.beam_search import BeamSearch, BeamSearchParams
 from actorserve.runtime.engine.outputs import CompletionOutput, Logprob, RequestOutput
 from actorserve.runtime.engine.sampling_params import (RequestLimits, SamplingParams, truncate_prompt,
                                                        verify_prompt_text, verify_request)
-from actorserve.runtime.errors import EngineDeadError, EngineSleepingError
+from actorserve.runtime.errors import EngineDeadError, EngineOverloadedError, EngineSleepingError
 from actorserve.runtime.model.template_renderer import TemplateRenderer
 from actorserve.runtime.model.tokenizer import encode
 
@@ -86,6 +86,14 @@ class ServingContext:
     @property
     def limits(self) -> RequestLimits:
         return RequestLimits(self.vocab_size, self.max_model_len, self.max_n)
+
+    def check_sequences(self, sequences: int) -> None:
+        """A request's prompts x n (beams included) within what the engine queues at once (max_waiting_seqs):
+        a request larger than the whole queue could never be admitted."""
+        cap = self.engine.config.scheduler.max_waiting_seqs
+        if cap is not None and sequences > cap:
+            raise APIError(400, f"prompt: {sequences} sequences (prompts x n) are more than this server queues "
+                                f"at once (--max-waiting-seqs {cap})", "prompt")
 
     def check_length(self, text: str, name: str = "prompt") -> None:
         """Before any tokenizing: valid Unicode, and not longer than the context could hold."""
@@ -179,6 +187,8 @@ class ServingContext:
             raise APIError.bad_request(exc) from None
         except (EngineDeadError, EngineSleepingError) as exc:
             raise APIError(503, str(exc)) from None
+        except EngineOverloadedError as exc:
+            raise APIError(503, str(exc), retry_after=RETRY_AFTER_S) from None
         finally:
             if last is not None:
                 timer.finish(last)

@@ -27,6 +27,8 @@ class CompletionServing:
             raise APIError(400, "prompt must not be empty", "prompt")
         if all(isinstance(x, int) for x in p):
             return [Prompt(None, list(p))]
+        if 1 <= request.n <= self.ctx.max_n:  # (an n out of range is its own 400, named so)
+            self.ctx.check_sequences(len(p) * request.n)
         for item in p:  # every text checked before any is tokenized
             if isinstance(item, str):
                 self.ctx.check_length(item)

@@ -23,7 +23,7 @@ import zmq.asyncio
 
 from actorserve.runtime.engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from actorserve.runtime.engine.sampling_params import SamplingParams
-from actorserve.runtime.errors import EngineDeadError, EngineSleepingError, EngineStartError
+from actorserve.runtime.errors import EngineDeadError, EngineOverloadedError, EngineSleepingError, EngineStartError
 from actorserve.runtime.transport.channel import Channel
 from actorserve.runtime.transport.messages import (AbortRequest, AddRequest, ErrorReply, HealthPing, HealthPong,
                                                    RequestOutputDelta, SleepRequest, SleepStatus, SleepStatusRequest,
@@ -287,4 +287,6 @@ def _error(reply: ErrorReply) -> BaseException:
         return PermissionError(reply.message)
     if reply.kind == "EngineSleepingError":
         return EngineSleepingError(reply.message)
+    if reply.kind == "EngineOverloadedError":
+        return EngineOverloadedError(reply.message)
     return RuntimeError(f"{reply.kind}: {reply.message}")

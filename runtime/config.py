@@ -209,6 +209,10 @@ class SchedulerConfig:
     max_num_batched_tokens: int = option(2048, "the most tokens in one step")
     enable_chunked_prefill: bool = option(True, "split long prompts over steps, beside the decodes")
     max_n: int = option(128, "the most samples (n) one request may ask for, at every way in")
+    max_waiting_seqs: Optional[int] = option(None, "the most sequences that may wait for a place in the batch: a "
+                                                   "request past it is refused at once (HTTP 503, Retry-After), one "
+                                                   "larger than it is a 400 (default: no bound in Python; 4096 for "
+                                                   "serve and serve-zmq)")
     speculative_config: Optional[SpeculativeConfig] = option(
         None, 'speculative decoding, as vLLM\'s JSON: {"method": "ngram", "num_speculative_tokens": 4, '
               '"prompt_lookup_max": 4, "prompt_lookup_min": 2}, or {"method": "draft_model", "model": PATH, '
@@ -225,6 +229,8 @@ class SchedulerConfig:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.max_waiting_seqs is not None and self.max_waiting_seqs < 1:
+            raise ValueError(f"max_waiting_seqs must be >= 1, got {self.max_waiting_seqs}")
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,11 @@ class EngineStartError(EngineDeadError):
     failed (make a new one to try again)."""
 
 
+class EngineOverloadedError(ActorServeError):
+    """The engine's queue is full (``max_waiting_seqs`` sequences wait for a place in the batch): the request is
+    refused, nothing of it queued, and may be sent again once the queue drains (HTTP: 503 with Retry-After)."""
+
+
 class EngineSleepingError(ActorServeError):
     """The engine is asleep (sleep mode): its weights or KV cache are released until ``wake_up``. A request
     that arrives meanwhile is refused with this, unless the engine queues them (sleep_queue_requests)."""

@@ -32,7 +32,7 @@ from actorserve.runtime.engine.core import EngineCore, ModelFacts
 from actorserve.runtime.engine.outputs import RequestUpdate
 from actorserve.runtime.engine.sampling_params import SamplingParams, verify_prompt_text
 from actorserve.runtime.engine.stats import StatsLine
-from actorserve.runtime.errors import EngineSleepingError
+from actorserve.runtime.errors import EngineOverloadedError, EngineSleepingError
 from actorserve.runtime.model.tokenizer import encode
 from actorserve.runtime.transport.channel import Channel, Envelope
 from actorserve.runtime.transport.client_security import curve_server
@@ -200,8 +200,8 @@ class SchedulerActor(Actor):
         except (ValueError, TypeError) as exc:
             await self.client.send(ErrorReply("ValueError", str(exc), message.request_id), to=origin)
             return
-        except EngineSleepingError as exc:
-            await self.client.send(ErrorReply("EngineSleepingError", str(exc), message.request_id), to=origin)
+        except (EngineSleepingError, EngineOverloadedError) as exc:
+            await self.client.send(ErrorReply(type(exc).__name__, str(exc), message.request_id), to=origin)
             return
         self._remember_peer(envelope)
 

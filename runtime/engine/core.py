@@ -24,7 +24,7 @@ from actorserve.runtime.engine.sampling_params import RequestLimits, SamplingPar
 from actorserve.runtime.engine.scheduler import Scheduler
 from actorserve.runtime.engine.stats import StepTokens
 from actorserve.runtime.engine.structured_outputs import StructuredOutputManager
-from actorserve.runtime.errors import EngineSleepingError
+from actorserve.runtime.errors import EngineOverloadedError, EngineSleepingError
 from actorserve.runtime.model.tokenizer import bad_words_token_ids
 
 log = logging.getLogger("actorserve")
@@ -141,6 +141,7 @@ class EngineCore:
         verify_request(prompt_token_ids, params, self.limits, self.tokenizer is not None)
         if params.structured_outputs is not None:
             self.structured.validate(params.structured_outputs)
+        self._check_queue(params.n)
         bad_words = None
         if params.bad_words:
             bad_words = bad_words_token_ids(self.tokenizer, params.bad_words, self.facts.vocab_size)
@@ -164,6 +165,19 @@ class EngineCore:
         self._groups[request_id] = group
         for seq in group.sequences:
             self.scheduler.add(seq.request)
+
+    def _check_queue(self, n: int) -> None:
+        """``max_waiting_seqs``: n samples more than it are a ValueError (never admitted), and more than the
+        queue has room for an EngineOverloadedError (admitted once it drains)."""
+        cap = self.config.scheduler.max_waiting_seqs
+        if cap is None:
+            return
+        if n > cap:
+            raise ValueError(f"n: {n} samples are more sequences than this engine queues (max_waiting_seqs {cap})")
+        waiting = len(self.scheduler.waiting)
+        if waiting + n > cap:
+            raise EngineOverloadedError(f"the engine's queue is full: {waiting} sequences wait for a place in the "
+                                        f"batch (max_waiting_seqs {cap}); send the request again shortly")
 
     def _new_sequence(self, seq_id: str, prompt_ids: list[int], params: SamplingParams, index: int) -> _Sequence:
         max_total = self.facts.max_model_len

@@ -9,7 +9,6 @@ the step is answered.
 """
 from __future__ import annotations
 
-from collections import deque
 from typing import Optional
 
 from actorserve.runtime.config import SchedulerConfig
@@ -17,6 +16,7 @@ from actorserve.runtime.engine.batch import NewRequest, SamplingSpec, ScheduledC
 from actorserve.runtime.engine.kv_cache_manager import KVCacheManager
 from actorserve.runtime.engine.request import Request, RequestStatus
 from actorserve.runtime.engine.spec_decode import TO_PROPOSE, SpecDecodeStats, make_proposer
+from actorserve.runtime.engine.waiting_queue import WaitingQueue
 
 
 class Scheduler:
@@ -24,7 +24,7 @@ class Scheduler:
         self.config = config
         self.vocab_size = vocab_size  # the grammar bitmasks' width
         self.kv = kv
-        self.waiting: deque[Request] = deque()
+        self.waiting = WaitingQueue()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self._step = 0
@@ -48,11 +48,11 @@ class Scheduler:
         """Take a request out of the batch for good and free its blocks."""
         if request.status.finished:
             return
-        if request in self.running:
+        was, request.status = request.status, status
+        if was == RequestStatus.RUNNING:
             self.running.remove(request)
-        elif request in self.waiting:
-            self.waiting.remove(request)
-        request.status = status
+        else:  # waiting, or preempted back into the queue
+            self.waiting.discard(request)
         self.kv.free(request)
         del self.requests[request.request_id]
         if request.request_id in self._known_to_worker:
@@ -146,7 +146,7 @@ class Scheduler:
     def _admit_waiting(self, scheduled: list[tuple[Request, int, list[int]]], budget: int) -> None:
         skipped: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting[0]
+            request = self.waiting.head()
             if _blocked_on_sibling(request) or (request.grammar is not None and not request.grammar.ready()):
                 skipped.append(self.waiting.popleft())  # (a grammar still compiling: the batch goes on)
                 continue

@@ -302,3 +302,34 @@ def test_a_trusted_template_renders_within_its_budget_and_others_keep_being_serv
         assert all(now[name] < 1.2 * size for name, size in idle.items() if name in now), (idle, now)
     finally:
         assert s.stop() == 0
+
+
+@pytest.mark.parametrize("n", [128, 3])
+def test_a_fan_out_past_the_queue_is_a_400_at_once(server, bounded, n):
+    """2048 prompts x n 128 (262,144 sequences) queued ahead of everyone for minutes; now refused unread."""
+    start = time.monotonic()
+    r = post(server, "/v1/completions", {"prompt": ["hi"] * 2048, "n": n, "max_tokens": 1})
+    assert time.monotonic() - start < 2
+    assert_error(r, 400, "prompt", "more than this server queues at once (--max-waiting-seqs 4096)")
+    bounded.check("a fan-out of prompts x n")
+
+
+def test_a_full_queue_is_a_503_with_retry_after_and_drains():
+    s = Server("--max-num-seqs", "1", "--max-waiting-seqs", "2")
+    try:
+        long = {"prompt": "Count:", "max_tokens": 400, "ignore_eos": True}
+        results = []
+        threads = [threading.Thread(target=lambda: results.append(post(s, "/v1/completions", long, timeout=120)))
+                   for _ in range(3)]  # one running, two waiting
+        for t in threads:
+            t.start()
+            time.sleep(0.5)
+        r = post(s, "/v1/completions", {"prompt": "hi", "max_tokens": 1})
+        assert_error(r, 503, None, "queue is full")
+        assert r.headers["retry-after"] == "1"
+        for t in threads:
+            t.join(120)
+        assert [x.status_code for x in results] == [200, 200, 200]
+        assert post(s, "/v1/completions", {"prompt": "hi", "max_tokens": 1}).status_code == 200
+    finally:
+        assert s.stop() == 0

@@ -4,8 +4,9 @@ server on the same ports). Nothing is lost that was not refused: every good requ
 the right text, or fails with an explicit error while the engine is down; no 500, no hang. Resident
 memory stays flat, and at the end the engine holds no request and no KV block.
 
-ACTORSERVE_SOAK_S sets the length (60 s in ``make test``; ``make soak`` runs the issue's 5 minutes);
-ACTORSERVE_SOAK_REPORT names a JSON file for the figures.
+ACTORSERVE_SOAK_S sets the length (60 s in ``make test``; ``make soak`` runs the issue's 5 minutes, and
+judges too that a normal request answers within 2 s at the 99th percentile); ACTORSERVE_SOAK_REPORT names a
+JSON file for the figures.
 """
 from __future__ import annotations
 
@@ -36,6 +37,11 @@ BAD_HTTP = [
     {"prompt": "hi", "n": 10 ** 9}, {"prompt": "hi", "seed": 2 ** 70}, {"prompt": "a\ud800"},
     {"prompt": "hi", "max_tokens": 10 ** 7}, {"messages": [{"role": "user"}]}, {"prompt": "x " * 300_000},
     {"prompt": [[1, 2 ** 40]]}, {"prompt": "hi", "temperature": -1},
+    # the classes of vLLM's 2025-26 advisories: fan-out, a request's own template, overflowing floats
+    {"prompt": ["hi"] * 2048, "n": 128, "max_tokens": 1},
+    {"messages": [{"role": "user", "content": "hi"}], "chat_template": "{% for i in range(10**9) %}x{% endfor %}"},
+    {"prompt": "hi", "use_beam_search": True, "n": 2, "max_tokens": 2, "length_penalty": 1e308},
+    {"prompt": "hi", "min_tokens": 10 ** 9}, {"prompt": "hi", "top_p": float("nan")},
 ]
 BAD_ZMQ = [
     [pack({"type": "health_ping", "nonce": 1}), pack([[0, "float32", [-1, -2]]]), b"\0" * 8],
@@ -43,6 +49,7 @@ BAD_ZMQ = [
     [pack({"type": "add_request", "request_id": "bad", "prompt": "hi", "params": {"n": 2 ** 62}})],
     [pack({"type": "add_request", "request_id": "bad", "prompt": "hi", "params": {"nope": 1}})],
     [pack({"type": "shutdown", "reason": "stranger"})],
+    [pack({"type": "add_request", "request_id": "bad", "prompt": "hi", "params": {"min_tokens": 10 ** 9}})],
 ]
 
 
@@ -52,6 +59,7 @@ class Tally:
         self.lost: list[str] = []
         self.lock = threading.Lock()
         self.outages: list[list[float]] = []  # [kill, back up] in time.monotonic()
+        self.normal: list[tuple[float, float]] = []  # each good request's (start, seconds)
 
     def add(self, what: str) -> None:
         with self.lock:
@@ -96,6 +104,8 @@ def http_client(port: int, expected: dict, tally: Tally, until: float, seed: int
                 body = resp.read()
                 if resp.status == 200 and json.loads(body)["choices"][0]["text"] == expected[prompt]:
                     tally.add("http good: right")
+                    with tally.lock:
+                        tally.normal.append((started, time.monotonic() - started))
                 elif resp.status == 503:
                     tally.failed("http good", started, "503")
                 else:
@@ -221,7 +231,11 @@ def test_soak():
         ctl.send(pack({"type": "health_ping", "nonce": 9}))
         pong = unpack(ctl.recv_multipart()[0])
         ctl.close(0)
+        normal = sorted(s for start, s in tally.normal  # (those that met the worker's kill waited out its restart)
+                        if not any(start < back and start + s > kill for kill, back in tally.outages))
+        p99 = normal[int(0.99 * (len(normal) - 1))] if normal else None
         report = {"seconds": DURATION, "outage_s": [round(back - kill, 1) for kill, back in tally.outages],
+                  "normal_p99_s": p99, "normal_median_s": normal[len(normal) // 2] if normal else None,
                   "counts": dict(tally.counts), "lost": tally.lost[:20],
                   "rss_mb": [[{k: round(v / 2 ** 20) for k, v in s.items()} for s in run] for run in samples],
                   "end": {"num_running": pong["num_running"], "num_waiting": pong["num_waiting"],
@@ -234,6 +248,8 @@ def test_soak():
                      "zmq bad: refused"):
             assert tally.counts[kind] > 0, report
         assert pong["num_running"] == 0 and pong["num_waiting"] == 0 and pong["kv_cache_usage"] == 0, pong
+        if DURATION >= 300:  # make soak: a normal request among the hostile ones, at the 99th percentile (the
+            assert p99 < 2.0, report  # minute in make test is reported, not judged: a slower CPU's tail differs)
         for run in samples:  # flat: the last sample of each server within 20% of its first after warm-up
             run = [s for s in run if s]
             if len(run) >= 3:
