@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 import actorserve
 from actorserve.frontend.errors import APIError, error_body, error_response
 from actorserve.frontend.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from actorserve.frontend.serving import ServingContext, now
+from actorserve.frontend.serving import SHUTTING_DOWN, ServingContext, now
 from actorserve.frontend.serving_chat import ChatServing, render_chat
 from actorserve.frontend.serving_completion import CompletionServing
 from actorserve.runtime.errors import EngineDeadError, EngineSleepingError
@@ -41,6 +41,8 @@ def build_app(ctx: ServingContext, api_key: Optional[str] = None) -> FastAPI:
             if request.headers.get("authorization") != f"Bearer {api_key}":
                 return JSONResponse(error_body(401, "Invalid or missing API key"), status_code=401)
         request.state.request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        if ctx.draining and request.url.path not in _WITHOUT_ENGINE:  # (SIGTERM: serving.drain)
+            return error_response(APIError(503, SHUTTING_DOWN))
         if request.url.path not in _WITHOUT_ENGINE:
             try:
                 await ctx.wait_ready()  # requests that arrive while the engine starts wait for it
@@ -73,7 +75,7 @@ def build_app(ctx: ServingContext, api_key: Optional[str] = None) -> FastAPI:
     @app.get("/ping")  # vLLM's alias of /health (SageMaker's name for it), also as a POST
     @app.post("/ping")
     async def health():
-        if ctx.starting_or_failed():
+        if ctx.starting_or_failed() or ctx.draining:
             return Response(status_code=503)
         try:
             await ctx.engine.check_health()

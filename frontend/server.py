@@ -24,7 +24,7 @@ import uvicorn
 from actorserve.frontend.app import build_app
 from actorserve.frontend.http_limits import BodyLimit, header_timeout_protocol
 from actorserve.frontend.metrics import FrontendMetrics
-from actorserve.frontend.serving import ServingContext
+from actorserve.frontend.serving import ServingContext, drain
 
 log = logging.getLogger("actorserve.frontend")
 
@@ -177,8 +177,20 @@ async def serve(engine, host: str, port: int, model: Optional[str], options: Ser
                                     limit_concurrency=limits.limit_concurrency,
                                     http=header_timeout_protocol(limits.request_read_timeout)))
     loop = asyncio.get_running_loop()
+    draining: list[asyncio.Task] = []
+
+    def on_signal() -> None:
+        """The first SIGTERM or SIGINT drains (``serving.drain``, within --shutdown-timeout) and then stops;
+        a second stops at once."""
+        if draining:
+            server.request_exit()
+            return
+        timeout = engine.config.runtime.shutdown_timeout
+        log.info("stopping: no new requests; those in flight have %g s to finish", timeout)
+        draining.append(asyncio.ensure_future(_drain_then_exit(ctx, server, timeout)))
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, server.request_exit)
+        loop.add_signal_handler(sig, on_signal)
     watch = asyncio.ensure_future(_watch(ctx, server))
     try:
         await server.serve()
@@ -186,10 +198,19 @@ async def serve(engine, host: str, port: int, model: Optional[str], options: Ser
     finally:
         watch.cancel()
         ctx.ready.cancel()
-        await asyncio.gather(ctx.ready, watch, return_exceptions=True)
+        for task in draining:
+            task.cancel()
+        await asyncio.gather(ctx.ready, watch, *draining, return_exceptions=True)
         await engine.close()
         ctx.pool.shutdown(wait=False, cancel_futures=True)
         ctx.renderer.close()
+
+
+async def _drain_then_exit(ctx: ServingContext, server: "_Server", timeout: float) -> None:
+    try:
+        await drain(ctx, timeout)
+    finally:
+        server.request_exit()
 
 
 async def _watch(ctx: ServingContext, server: "_Server") -> None:

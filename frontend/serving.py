@@ -54,6 +54,9 @@ class ServingContext:
     default_sampling: dict = field(default_factory=dict)  # --generation-config: for fields a request leaves unset
     tool_parser: Optional[str] = None  # --tool-call-parser with --enable-auto-tool-choice: "auto" tool choice
     log_requests: bool = True
+    draining: bool = False  # SIGTERM: no new request is admitted; those in flight may finish (``drain``)
+    closing: bool = False  # the drain's deadline passed: what is still in flight is aborted, and ends in a 503
+    in_flight: set = field(default_factory=set)  # the engine request ids of ``stream``s under way
     # one thread: tokenizing is CPU work, and a queue of it must not take every core from the engine
     pool: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tokenize"))
@@ -175,11 +178,16 @@ class ServingContext:
             return
         if self.log_requests:
             log.info("request %s: %d prompt tokens, %s", request_id, len(prompt.token_ids), _changed(params))
+        if self.closing:
+            raise APIError(503, SHUTTING_DOWN)
         timer = self.metrics.request_timer()
         last = None
+        self.in_flight.add(request_id)
         try:
             async for out in self.engine.generate({"prompt_token_ids": prompt.token_ids, "prompt": prompt.text},
                                                   params, request_id):
+                if self.closing and out.finished and any(o.finish_reason == "abort" for o in out.outputs):
+                    raise APIError(503, SHUTTING_DOWN + ": the request did not finish within the shutdown timeout")
                 timer.tokens_seen(sum(len(o.token_ids) for o in out.outputs))
                 last = out
                 yield out
@@ -190,6 +198,7 @@ class ServingContext:
         except EngineOverloadedError as exc:
             raise APIError(503, str(exc), retry_after=RETRY_AFTER_S) from None
         finally:
+            self.in_flight.discard(request_id)
             if last is not None:
                 timer.finish(last)
 
@@ -212,6 +221,26 @@ class ServingContext:
         async for out in self.stream(prompt, params, request_id):
             last = out
         return last
+
+
+SHUTTING_DOWN = "the server is shutting down"
+
+
+async def drain(ctx: ServingContext, timeout: float) -> None:
+    """SIGTERM's drain: admit nothing more (503s, /health 503), let what is in flight finish for up to
+    ``timeout`` seconds, then abort the rest, each of which ends in a 503 (an error event and [DONE] in a
+    stream), and wait for them to say so."""
+    loop = asyncio.get_running_loop()
+    ctx.draining = True
+    deadline = loop.time() + timeout
+    while ctx.in_flight and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    ctx.closing = True
+    for request_id in list(ctx.in_flight):
+        await ctx.engine.abort(request_id)
+    deadline = loop.time() + min(timeout, 2.0)
+    while ctx.in_flight and loop.time() < deadline:
+        await asyncio.sleep(0.05)
 
 
 _DEFAULTS = SamplingParams()
