@@ -11,18 +11,16 @@ from actorserve.frontend.tool_calls import PARSERS
 from actorserve.runtime.errors import ActorServeError
 
 
-# the engine's defaults where it serves clients it does not know: a bounded queue (a client's fan-out of
-# prompts x n is refused, not queued ahead of everyone for minutes)
+# the engine's defaults where it serves clients it does not know (serve, serve-zmq), under the flags given: a
+# bounded queue (a client's fan-out of prompts x n is refused, not queued ahead of everyone for minutes)
 SERVING_DEFAULTS = {"max_waiting_seqs": 4096}
 
 
-def _engine_args(p: argparse.ArgumentParser, serving: bool = False) -> None:
+def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="a .gguf file, an HF model directory, or an HF hub id in the "
                                                  "local HF cache (default: the embedded SmolLM2)")
     p.add_argument("--config", metavar="FILE", help="a YAML file of these flags (flags given here win)")
     add_engine_arguments(p)
-    if serving:
-        p.set_defaults(**SERVING_DEFAULTS)
 
 
 def _generate(a: argparse.Namespace) -> int:
@@ -52,7 +50,7 @@ def _serve_zmq(a: argparse.Namespace) -> int:
     async def serve() -> int:
         engine = AsyncEngine(a.model, client_address=a.address, client_api_key=a.api_key,
                              curve_secret_key=a.curve_secret_key, curve_authorized_keys=a.curve_authorized_keys,
-                             **engine_kwargs(a))
+                             **{**SERVING_DEFAULTS, **engine_kwargs(a)})
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -71,12 +69,14 @@ def _serve_zmq(a: argparse.Namespace) -> int:
     return uvloop.run(serve())
 
 
-def _engine_from(a: argparse.Namespace, **extra):
-    """An AsyncEngine, or data-parallel replicas of one (--data-parallel-size)."""
+def _engine_from(a: argparse.Namespace, serving: bool = False, **extra):
+    """An AsyncEngine, or data-parallel replicas of one (--data-parallel-size); ``serving``: under
+    ``SERVING_DEFAULTS`` where the flags leave them unset."""
     from actorserve.runtime.config import EngineConfig
     from actorserve.runtime.data_parallel import make_engine
 
-    return make_engine(EngineConfig.from_engine_args(a.model, **extra, **engine_kwargs(a)))
+    kwargs = {**(SERVING_DEFAULTS if serving else {}), **engine_kwargs(a)}
+    return make_engine(EngineConfig.from_engine_args(a.model, **extra, **kwargs))
 
 
 def _serve_http(a: argparse.Namespace) -> int:
@@ -97,7 +97,7 @@ def _serve_http(a: argparse.Namespace) -> int:
                            generation_config=a.generation_config, uvicorn_log_level=a.uvicorn_log_level,
                            access_log=not a.disable_uvicorn_access_log, log_requests=not a.disable_log_requests)
     check_address_free(a.host, a.port)  # before the model loads: a taken port fails at once
-    engine = _engine_from(a, client_address=a.zmq_address, client_api_key=a.zmq_api_key)
+    engine = _engine_from(a, serving=True, client_address=a.zmq_address, client_api_key=a.zmq_api_key)
     return uvloop.run(serve(engine, a.host, a.port, a.model, options, limits))
 
 
@@ -182,7 +182,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                             help="CurveZMQ: the server's key pair (a zmq.auth .key_secret certificate file)")
     zmq_server.add_argument("--curve-authorized-keys", default=None,
                             help="CurveZMQ: a folder of the public certificates of the clients allowed in")
-    _engine_args(zmq_server, serving=True)
+    _engine_args(zmq_server)
     http = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
     http.add_argument("model_tag", nargs="?", default=None, help="a .gguf file or HF directory")
     http.add_argument("--host", default="127.0.0.1")
@@ -212,7 +212,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       help="also serve the ZMQ client protocol (docs/protocol.md) here: tcp://HOST:PORT or ipc://PATH")
     http.add_argument("--zmq-api-key", default=None, help="every ZMQ client message must carry this api_key")
     _http_limit_args(http)
-    _engine_args(http, serving=True)
+    _engine_args(http)
     batch = sub.add_parser("run-batch", help="run an OpenAI batch file (JSONL) offline")
     batch.add_argument("-i", "--input-file", required=True)
     batch.add_argument("-o", "--output-file", required=True)
