@@ -21,6 +21,9 @@ import threading
 from typing import Any, Optional
 
 
+STARTUP_S = 60.0  # for a child to import transformers' template code, apart from a render's own budget
+
+
 class TemplateError(ValueError):
     """A render that failed, ran out of its budget, or wrote more than the prompt may hold."""
 
@@ -31,11 +34,13 @@ class TemplateRenderer:
         self._lock = threading.Lock()  # one render at a time through the one child
         self._conn = None
         self._proc: Optional[multiprocessing.Process] = None
+        self._ready = False  # the child said it is ready: a render's clock starts then, not at the child's start
 
     def start(self) -> None:
         """The child, ahead of the first render (its start imports transformers' template code)."""
         with self._lock:
             self._ensure()
+            self._wait_ready()
 
     def render(self, tokenizer, conversation: list[dict], max_chars: int, chat_template: Optional[str] = None,
                tools: Optional[list] = None, documents: Optional[list] = None, add_generation_prompt: bool = True,
@@ -51,6 +56,7 @@ class TemplateRenderer:
         with self._lock:
             self._ensure()
             try:
+                self._wait_ready()
                 self._conn.send(job)
                 if not self._conn.poll(self.seconds):
                     self._replace()
@@ -78,7 +84,16 @@ class TemplateRenderer:
         self._proc = ctx.Process(target=_serve, args=(child, self.memory_bytes), name="chat-template", daemon=True)
         self._proc.start()
         child.close()
-        self._conn = parent
+        self._conn, self._ready = parent, False
+
+    def _wait_ready(self) -> None:
+        if self._ready:
+            return
+        if not self._conn.poll(STARTUP_S):
+            self._stop()
+            raise TemplateError(f"the chat template's renderer did not start within {STARTUP_S:g} s")
+        self._conn.recv()
+        self._ready = True
 
     def _replace(self) -> None:
         """A new child in this one's place, starting while the caller answers (its imports take a second)."""
@@ -102,6 +117,7 @@ def _serve(conn, memory_bytes: int) -> None:
 
     used = _data_bytes()
     resource.setrlimit(resource.RLIMIT_DATA, (used + memory_bytes, resource.RLIM_INFINITY))
+    conn.send(("ready",))
     while True:
         try:
             job = conn.recv()

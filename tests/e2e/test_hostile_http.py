@@ -314,21 +314,35 @@ def test_a_fan_out_past_the_queue_is_a_400_at_once(server, bounded, n):
     bounded.check("a fan-out of prompts x n")
 
 
+def _gauge(server, name: str) -> float:
+    text = http("GET", server.base_url + "/metrics", timeout=10).text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+def _until(condition, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the engine did not get there"
+        time.sleep(0.1)
+
+
 def test_a_full_queue_is_a_503_with_retry_after_and_drains():
     s = Server("--max-num-seqs", "1", "--max-waiting-seqs", "2")
     try:
-        long = {"prompt": "Count:", "max_tokens": 400, "ignore_eos": True}
+        long = {"prompt": "Count:", "max_tokens": 150, "ignore_eos": True}
         results = []
-        threads = [threading.Thread(target=lambda: results.append(post(s, "/v1/completions", long, timeout=120)))
+        threads = [threading.Thread(target=lambda: results.append(post(s, "/v1/completions", long, timeout=300)))
                    for _ in range(3)]  # one running, two waiting
-        for t in threads:
+        threads[0].start()
+        _until(lambda: _gauge(s, "vllm:num_requests_running") == 1)
+        for t in threads[1:]:
             t.start()
-            time.sleep(0.5)
+        _until(lambda: _gauge(s, "vllm:num_requests_waiting") == 2)
         r = post(s, "/v1/completions", {"prompt": "hi", "max_tokens": 1})
         assert_error(r, 503, None, "queue is full")
         assert r.headers["retry-after"] == "1"
         for t in threads:
-            t.join(120)
+            t.join(300)
         assert [x.status_code for x in results] == [200, 200, 200]
         assert post(s, "/v1/completions", {"prompt": "hi", "max_tokens": 1}).status_code == 200
     finally:
