@@ -16,7 +16,7 @@ from actorserve.kernels.elementwise import silu_mul
 
 
 @triton.jit
-def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, weights_ptr, pair_ids_ptr, block_expert_ptr, num_pairs, n, k,
+def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, weights_ptr, pair_ids_ptr, block_expert_ptr, used_ptr, num_pairs, n, k,
                          a_rows_per_pair, stride_am, stride_be, stride_bn, stride_cm,
                          MUL_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_K: tl.constexpr):
@@ -25,6 +25,8 @@ def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, weights_ptr, pair_ids_ptr, block_e
     weight where MUL_WEIGHT."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
+    if pid_m * BLOCK_M >= tl.load(used_ptr):  # a block past the routing's padded pairs
+        return
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     pairs = tl.load(pair_ids_ptr + rows)
     valid = pairs < num_pairs
@@ -45,22 +47,33 @@ def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, weights_ptr, pair_ids_ptr, block_e
              mask=valid[:, None] & (cols[None, :] < n))
 
 
-def align_pairs(experts: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+def align_pairs(experts: torch.Tensor, num_experts: int,
+                block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The pairs (token * k + j for the j-th expert of a token) sorted by expert, each expert's run padded
-    to whole blocks of ``block_m`` with an id past every pair; and each block's expert."""
+    to whole blocks of ``block_m`` with an id past every pair; each block's expert; and how many of the
+    ids are used (a one-element tensor).
+
+    Every size here follows from the shapes alone (the ids' length is the most padding any routing can
+    need), never from the routing's values: nothing waits on the device, so a CUDA graph captures it. The
+    blocks past the used ones hold padding ids and the last expert; the kernel returns at once there."""
     flat = experts.flatten()
     num_pairs = flat.numel()
-    counts = torch.bincount(flat, minlength=num_experts)
+    device = flat.device
+    capacity = triton.cdiv(num_pairs + min(num_experts, num_pairs) * (block_m - 1), block_m)  # blocks
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=device).scatter_add_(
+        0, flat, torch.ones(num_pairs, dtype=torch.int64, device=device))
     padded = (counts + block_m - 1) // block_m * block_m
     order = flat.argsort(stable=True)
-    starts = torch.cumsum(padded, 0) - padded  # where each expert's run begins in the padded list
+    ends = torch.cumsum(padded, 0)
+    starts = ends - padded  # where each expert's run begins in the padded list
     first = torch.cumsum(counts, 0) - counts  # where it begins in the sorted pairs
     sorted_experts = flat[order]
-    place = starts[sorted_experts] + torch.arange(num_pairs, device=flat.device) - first[sorted_experts]
-    ids = torch.full((int(padded.sum()),), num_pairs, dtype=torch.int64, device=flat.device)
+    place = starts[sorted_experts] + torch.arange(num_pairs, device=device) - first[sorted_experts]
+    ids = torch.full((capacity * block_m,), num_pairs, dtype=torch.int64, device=device)
     ids[place] = order
-    block_expert = torch.repeat_interleave(torch.arange(num_experts, device=flat.device), padded // block_m)
-    return ids, block_expert
+    block_starts = torch.arange(capacity, dtype=torch.int64, device=device) * block_m
+    block_expert = torch.searchsorted(ends, block_starts, right=True).clamp_(max=num_experts - 1)
+    return ids, block_expert, ends[-1:]
 
 
 def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, experts: torch.Tensor,
@@ -72,18 +85,18 @@ def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, ex
     top_k = experts.shape[1]
     num_pairs = t * top_k
     x, w_gate_up, w_down = x.contiguous(), w_gate_up.contiguous(), w_down.contiguous()
-    ids, block_expert = align_pairs(experts, num_experts, block_m)
+    ids, block_expert, used = align_pairs(experts, num_experts, block_m)
     blocks = block_expert.numel()
     flat_weights = weights.reshape(-1).contiguous()
     gate_up = torch.empty(num_pairs, two_i, dtype=x.dtype, device=x.device)
     _grouped_gemm_kernel[(blocks, triton.cdiv(two_i, block_n))](
-        x, w_gate_up, gate_up, flat_weights, ids, block_expert, num_pairs, two_i, hidden, top_k,
+        x, w_gate_up, gate_up, flat_weights, ids, block_expert, used, num_pairs, two_i, hidden, top_k,
         x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), gate_up.stride(0),
         MUL_WEIGHT=False, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
     act = silu_mul(gate_up)
     out = torch.empty(num_pairs, hidden, dtype=x.dtype, device=x.device)
     _grouped_gemm_kernel[(blocks, triton.cdiv(hidden, block_n))](
-        act, w_down, out, flat_weights, ids, block_expert, num_pairs, hidden, two_i // 2, 1,
+        act, w_down, out, flat_weights, ids, block_expert, used, num_pairs, hidden, two_i // 2, 1,
         act.stride(0), w_down.stride(0), w_down.stride(1), out.stride(0),
         MUL_WEIGHT=True, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
     return out.view(t, top_k, hidden).sum(dim=1)

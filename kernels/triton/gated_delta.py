@@ -1,7 +1,8 @@
 """The GDN layers' delta rule on the GPU, over the state cache's slots, one launch per layer a step:
 ``recurrent_step`` for the decoding sequences (one token each) and ``recurrent_varlen`` for the prefill
-chunks (each program walks its sequence's tokens with the state [Dk, Dv] of one value head in registers,
-fp32, from the slot, or zeros where the sequence starts, and writes it back at the end).
+chunks (each program walks its sequence's tokens with a slice of the value columns of one value head's
+state [Dk, Dv] in registers, fp32, from the slot, or zeros where the sequence starts, and writes it back at
+the end).
 
 References: ``kernels.linear_attention.gated_delta.recurrent_step`` and ``chunked_varlen`` (same arguments,
 same results up to fp32 summation order).
@@ -13,6 +14,18 @@ import triton
 import triton.language as tl
 
 
+# The most state elements a program holds in registers (fp32, [Dk, a slice of Dv]): a whole [128, 128] head
+# took ptxas to 255 registers a thread; each value column's update reads only its own column, so a head's
+# columns are split over programs (tests/kernels/triton/test_compiled_for_gpus.py holds the budget).
+STATE_ELEMENTS = 4096
+
+
+def state_columns(dk: int, dv: int) -> int:
+    """The value columns of a head's state one program advances: a power of two within STATE_ELEMENTS."""
+    fits = max(1, STATE_ELEMENTS // triton.next_power_of_2(dk))
+    return min(triton.next_power_of_2(dv), 1 << (fits.bit_length() - 1))
+
+
 @triton.jit
 def _recurrent_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, states_ptr, slots_ptr, out_ptr,
                            num_v_heads, group, dk, dv, scale,
@@ -21,7 +34,7 @@ def _recurrent_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, states_ptr, slo
     h = tl.program_id(1)
     hk = h // group  # the key head this value head reads
     ks = tl.arange(0, BLOCK_K)
-    vs = tl.arange(0, BLOCK_V)
+    vs = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)  # the value columns are independent
     k_mask, v_mask = ks < dk, vs < dv
     num_k_heads = num_v_heads // group
     q = tl.load(q_ptr + (b * num_k_heads + hk) * dk + ks, mask=k_mask, other=0.0).to(tl.float32)
@@ -56,9 +69,10 @@ def recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
         raise ValueError("recurrent_step: the states must be contiguous fp32")
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     slots = slots.to(device=v.device, dtype=torch.int64).contiguous()
-    _recurrent_step_kernel[(b, hv)](q, k, v, g.float().contiguous(), beta.float().contiguous(), states, slots, out,
+    block_v = state_columns(dk, dv)
+    _recurrent_step_kernel[(b, hv, triton.cdiv(dv, block_v))](q, k, v, g.float().contiguous(), beta.float().contiguous(), states, slots, out,
                                     hv, hv // hk, dk, dv, dk ** -0.5, BLOCK_K=triton.next_power_of_2(dk),
-                                    BLOCK_V=triton.next_power_of_2(dv))
+                                    BLOCK_V=block_v)
     return out
 
 
@@ -70,7 +84,7 @@ def _recurrent_varlen_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, states_ptr, s
     h = tl.program_id(1)
     hk = h // group
     ks = tl.arange(0, BLOCK_K)
-    vs = tl.arange(0, BLOCK_V)
+    vs = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)  # the value columns are independent
     k_mask, v_mask = ks < dk, vs < dv
     mask = k_mask[:, None] & v_mask[None, :]
     num_k_heads = num_v_heads // group
@@ -113,11 +127,12 @@ def recurrent_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
         raise ValueError("recurrent_varlen: the states must be contiguous fp32")
     device = v.device
     as_dev = lambda xs, dtype: torch.as_tensor(list(xs), dtype=dtype).to(device)  # noqa: E731
-    _recurrent_varlen_kernel[(n, hv)](q.contiguous(), k.contiguous(), v.contiguous(), g.float().contiguous(),
+    block_v = state_columns(dk, dv)
+    _recurrent_varlen_kernel[(n, hv, triton.cdiv(dv, block_v))](q.contiguous(), k.contiguous(), v.contiguous(), g.float().contiguous(),
                                       beta.float().contiguous(), states, as_dev(slots, torch.int64),
                                       as_dev([int(bool(f)) for f in fresh], torch.int32),
                                       as_dev(offsets, torch.int64), out, hv, hv // hk, dk, dv, dk ** -0.5,
-                                      BLOCK_K=triton.next_power_of_2(dk), BLOCK_V=triton.next_power_of_2(dv))
+                                      BLOCK_K=triton.next_power_of_2(dk), BLOCK_V=block_v)
     return out
 
 

@@ -23,12 +23,11 @@ def _unified_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tables_p
                               q_stride_t, q_stride_h, out_stride_t, out_stride_h, tables_stride, head_stride_cache,
                               scale, num_groups, head_dim, window, softcap,
                               BLOCK_SIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                              SOFTCAP: tl.constexpr):
+                              SOFTCAP: tl.constexpr, TILE: tl.constexpr):
     t = tl.program_id(0)
     kv = tl.program_id(1)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
-    n = tl.arange(0, BLOCK_SIZE)
     g_mask = g < num_groups
     d_mask = d < head_dim
     heads = kv * num_groups + g
@@ -44,25 +43,41 @@ def _unified_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tables_p
     first = tl.where(window > 0, tl.maximum(pos - window + 1, 0), 0)  # a sliding window's first key
     for j in range(first // BLOCK_SIZE, num_blocks):  # (blocks before the window's are never read)
         block = tl.load(tables_ptr + seq * tables_stride + j).to(tl.int64)
-        key_pos = j * BLOCK_SIZE + n
-        visible = (key_pos <= pos) & (key_pos >= first)
-        offsets = cache_head + (block * BLOCK_SIZE + n[:, None]) * head_dim + d[None, :]
-        kv_mask = visible[:, None] & d_mask[None, :]
-        keys = tl.load(k_cache_ptr + offsets, mask=kv_mask, other=0.0).to(tl.float32)
-        values = tl.load(v_cache_ptr + offsets, mask=kv_mask, other=0.0).to(tl.float32)
-        scores = tl.sum(q[:, None, :] * keys[None, :, :], axis=2) * scale  # [G, BLOCK_SIZE]
-        if SOFTCAP:  # softcap * tanh(scores / softcap), tanh by its exponential form
-            scores = softcap * (1.0 - 2.0 / (tl.exp(2.0 * scores / softcap) + 1.0))
-        scores = tl.where(visible[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, axis=1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(scores - m_new[:, None])
-        total = total * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * values[None, :, :], axis=1)
-        m = m_new
+        for s in range(0, BLOCK_SIZE, TILE):  # a page's keys a tile at a time: [G, TILE, D] stays in registers
+            n = s + tl.arange(0, TILE)
+            key_pos = j * BLOCK_SIZE + n
+            visible = (key_pos <= pos) & (key_pos >= first)
+            offsets = cache_head + (block * BLOCK_SIZE + n[:, None]) * head_dim + d[None, :]
+            kv_mask = visible[:, None] & d_mask[None, :]
+            keys = tl.load(k_cache_ptr + offsets, mask=kv_mask, other=0.0).to(tl.float32)
+            values = tl.load(v_cache_ptr + offsets, mask=kv_mask, other=0.0).to(tl.float32)
+            scores = tl.sum(q[:, None, :] * keys[None, :, :], axis=2) * scale  # [G, TILE]
+            if SOFTCAP:  # softcap * tanh(scores / softcap), tanh by its exponential form
+                scores = softcap * (1.0 - 2.0 / (tl.exp(2.0 * scores / softcap) + 1.0))
+            scores = tl.where(visible[None, :], scores, float("-inf"))
+            m_new = tl.maximum(m, tl.max(scores, axis=1))
+            # (a tile wholly masked leaves m at -inf; exp(-inf - -inf) is taken as 1 there, as nothing is summed)
+            alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m - m_new))
+            p = tl.where(visible[None, :], tl.exp(scores - m_new[:, None]), 0.0)
+            total = total * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * values[None, :, :], axis=1)
+            m = m_new
     out = acc / total[:, None]
     tl.store(out_ptr + t * out_stride_t + heads[:, None] * out_stride_h + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
+
+
+# The most fp32 products of a tile a program holds at once ([query heads of a group, keys, head dim]): past
+# it ptxas spills (block size 64, 8 query heads a KV head and D 128 spilled 33 KB a thread). The compile
+# check (tests/kernels/triton/test_compiled_for_gpus.py) holds every model shape it takes free of spills.
+TILE_ELEMENTS = 2048
+
+
+def tile_keys(block_size: int, groups: int, head_dim: int) -> int:
+    """The keys a program takes at once: a power of two that divides the block, within TILE_ELEMENTS."""
+    per_key = triton.next_power_of_2(groups) * triton.next_power_of_2(head_dim)
+    fits = max(1, TILE_ELEMENTS // per_key)
+    return min(block_size, 1 << (fits.bit_length() - 1))
 
 
 def unified_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
@@ -83,7 +98,7 @@ def unified_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                                         block_tables.stride(0), k_cache.stride(0), scale, groups, d, window,
                                         float(softcap), BLOCK_SIZE=block_size,
                                         BLOCK_G=triton.next_power_of_2(groups), BLOCK_D=triton.next_power_of_2(d),
-                                        SOFTCAP=softcap > 0)
+                                        SOFTCAP=softcap > 0, TILE=tile_keys(block_size, groups, d))
     return out
 
 

@@ -12,9 +12,20 @@ from actorserve.runtime.model.moe import SparseMoE
 
 def test_pairs_are_sorted_by_expert_and_padded_to_blocks():
     experts = torch.tensor([[2, 0], [2, 3], [0, 2]])  # pairs 0..5: experts 2, 0, 2, 3, 0, 2
-    ids, block_expert = fm.align_pairs(experts, num_experts=5, block_m=4)
-    assert block_expert.tolist() == [0, 2, 3]  # experts 1 and 4 have no block
-    assert ids.tolist() == [1, 4, 6, 6, 0, 2, 5, 6, 3, 6, 6, 6]  # 6: padding, past every pair
+    ids, block_expert, used = fm.align_pairs(experts, num_experts=5, block_m=4)
+    assert used.tolist() == [12]
+    assert block_expert[:3].tolist() == [0, 2, 3]  # experts 1 and 4 have no block
+    assert ids[:12].tolist() == [1, 4, 6, 6, 0, 2, 5, 6, 3, 6, 6, 6]  # 6: padding, past every pair
+    # room for the most padding any routing of 6 pairs over 5 experts needs: blocks the kernel skips
+    assert len(ids) == 24 and set(ids[12:].tolist()) == {6} and len(block_expert) == 6
+
+
+def test_the_alignment_reads_no_value_on_the_host():
+    """Every size follows from the shapes (what CUDA graph capture needs): it runs on the meta device,
+    where any op whose output size depends on the values (bincount, repeat_interleave, int(...)) raises."""
+    experts = torch.empty(7, 2, dtype=torch.int64, device="meta")
+    ids, block_expert, used = fm.align_pairs(experts, num_experts=8, block_m=16)
+    assert ids.shape == (16 * 9,) and block_expert.shape == (9,) and used.shape == (1,)  # (14 + 8 * 15) / 16
 
 
 def _moe(seed, renormalize, shared, experts=6, top_k=2):

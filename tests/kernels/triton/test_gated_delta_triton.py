@@ -2,6 +2,7 @@
 the interpreter: the decode step, and the prefill over several sequences (fresh and continuing, cu_seqlens
 as int32), with grouped value heads, head sizes that are not powers of two, only the given slots advanced;
 and the GDN layer takes them where ``kernels.triton`` offers them."""
+import pytest
 import torch
 
 from actorserve.kernels import triton as kernels_triton
@@ -15,7 +16,10 @@ def _inputs(b, hk, hv, dk, dv, seed):
             torch.randn(b, hv, dv, generator=g), -torch.rand(b, hv, generator=g), torch.rand(b, hv, generator=g))
 
 
-def test_the_kernel_equals_the_torch_step(device):
+@pytest.mark.parametrize("state_elements", [None, 160], ids=["whole-heads", "split-columns"])
+def test_the_kernel_equals_the_torch_step(device, state_elements, monkeypatch):
+    if state_elements is not None:  # a head's value columns over several programs, the last one partly
+        monkeypatch.setattr(triton_step, "STATE_ELEMENTS", state_elements)
     hk, hv, dk, dv = 2, 6, 24, 12
     states = torch.randn(7, hv, dk, dv, generator=torch.Generator().manual_seed(0)) * 0.3
     slots = torch.tensor([5, 0, 3])
@@ -32,7 +36,10 @@ def test_the_kernel_equals_the_torch_step(device):
     assert torch.equal(states[untouched], expected_states[untouched])
 
 
-def test_the_prefill_kernel_equals_the_chunked_form(device):
+@pytest.mark.parametrize("state_elements", [None, 160], ids=["whole-heads", "split-columns"])
+def test_the_prefill_kernel_equals_the_chunked_form(device, state_elements, monkeypatch):
+    if state_elements is not None:  # a head's value columns over several programs, the last one partly
+        monkeypatch.setattr(triton_step, "STATE_ELEMENTS", state_elements)
     hk, hv, dk, dv = 2, 4, 20, 12
     lens = [5, 70, 1, 33]  # (a sequence longer than a chunk of the torch form)
     q, k, v, g, beta = _inputs(sum(lens), hk, hv, dk, dv, 4)

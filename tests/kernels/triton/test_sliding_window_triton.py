@@ -9,9 +9,16 @@ from tests.kernels.attention.test_sliding_window import BLOCKS, BS, CASES, D, ID
     _step, _written
 
 
+@pytest.mark.parametrize("tile_elements", [None, 1], ids=["pages", "one-key-tiles"])
 @pytest.mark.parametrize("window, softcap", CASES, ids=IDS)
-def test_the_triton_kernel_matches_and_never_reads_before_the_window(window, softcap, device):
+def test_the_triton_kernel_matches_and_never_reads_before_the_window(window, softcap, tile_elements, device,
+                                                                      monkeypatch):
+    """One key a tile: a window's first page has tiles wholly before the window, masked whole."""
+    from actorserve.kernels.triton import unified_attention
     from actorserve.kernels.triton.unified_attention import TritonAttentionBackend
+
+    if tile_elements is not None:
+        monkeypatch.setattr(unified_attention, "TILE_ELEMENTS", tile_elements)
 
     meta, q, k, v, cache = _step(torch.float32)
     ref = TorchRefBackend(KVH, BLOCKS, BS)

@@ -5,12 +5,16 @@ import pytest
 import torch
 
 from actorserve.kernels.attention import AttentionMetadata, TorchRefBackend
+from actorserve.kernels.triton import unified_attention as unified_attention_module
 from actorserve.kernels.triton.unified_attention import TritonAttentionBackend
 from tests.kernels.attention.groups import sequence_group, slot_mapping
 
 
+@pytest.mark.parametrize("tile_elements", [None, 512, 1])  # whole pages; two keys a tile; one (a tile past pos)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_mixed_step_matches_the_torch_backend(dtype, device):
+def test_a_mixed_step_matches_the_torch_backend(dtype, tile_elements, device, monkeypatch):
+    if tile_elements is not None:
+        monkeypatch.setattr(unified_attention_module, "TILE_ELEMENTS", tile_elements)
     g = torch.Generator().manual_seed(0)
     kvh, h, d, bs, blocks = 2, 6, 40, 4, 24
     decode = sequence_group([1, 1], [9, 2], [[3, 7, 11], [5]], 0)
