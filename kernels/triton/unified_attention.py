@@ -74,9 +74,10 @@ TILE_ELEMENTS = 2048
 
 
 def tile_keys(block_size: int, groups: int, head_dim: int) -> int:
-    """The keys a program takes at once: a power of two that divides the block, within TILE_ELEMENTS."""
+    """The keys a program takes at once: a power of two that divides the block, within TILE_ELEMENTS (or
+    two keys, where one alone is past it)."""
     per_key = triton.next_power_of_2(groups) * triton.next_power_of_2(head_dim)
-    fits = max(1, TILE_ELEMENTS // per_key)
+    fits = max(2, TILE_ELEMENTS // per_key)  # (a tile of one key spilled on sm_80)
     return min(block_size, 1 << (fits.bit_length() - 1))
 
 

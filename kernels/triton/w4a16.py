@@ -64,7 +64,7 @@ def w4a16_gemm(x: torch.Tensor, blocks: torch.Tensor, type_name: str) -> torch.T
     blocks = blocks.contiguous()
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     block_m = min(16, triton.next_power_of_2(max(m, 1)))
-    block_n = 32
+    block_n = 32 if block_m < 16 else 16  # [M, N, 16] products in registers: 16 x 32 spilled on sm_80
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     _w4a16_kernel[grid](x, blocks, out, m, n, k, x.stride(0), blocks.stride(0), out.stride(0),
                         BLOCK_BYTES=block_bytes, QS_AT=qs_at, HAS_MIN=type_name == "Q4_1",
