@@ -20,6 +20,15 @@ from actorserve.kernels.attention.interface import AttentionMetadata, SequenceGr
 
 FLASHINFER_VERSION = "0.7.2.post1"
 WORKSPACE_BYTES = 128 << 20
+# The query heads a KV head serves that FlashInfer's CUDA-core decode kernels are built for; past 4 the
+# tensor-core decode serves every group size and is faster, as vLLM chooses (Qwen2.5-7B has 7, 14B 5).
+CUDA_CORE_GROUPS = (1, 2, 3, 4, 6, 8, 16)
+TENSOR_CORES_PAST = 4
+
+
+def decode_on_tensor_cores(num_heads: int, num_kv_heads: int) -> bool:
+    group = num_heads // num_kv_heads
+    return group > TENSOR_CORES_PAST or group not in CUDA_CORE_GROUPS
 
 
 def _index(x: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -58,6 +67,7 @@ class FlashInferBackend:
         self.num_kv_heads, self.num_blocks, self.block_size = num_kv_heads, num_blocks, block_size
         self._wrappers: dict[tuple[str, torch.device], Any] = {}
         self._workspace: dict[torch.device, torch.Tensor] = {}
+        self._tensor_cores = False  # decode on tensor cores (set at the first plan, from the heads)
 
     @staticmethod
     def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
@@ -86,16 +96,20 @@ class FlashInferBackend:
         wrapper = self._wrappers.get((kind, device, variant))
         if wrapper is None:
             workspace = self._workspace.get(device)
-            if workspace is None:
-                workspace = self._workspace[device] = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-            klass = (self.kernels.BatchDecodeWithPagedKVCacheWrapper if kind == "decode"
-                     else self.kernels.BatchPrefillWithPagedKVCacheWrapper)
-            wrapper = self._wrappers[(kind, device, variant)] = klass(workspace, "NHD")
+            if workspace is None:  # (zeroed: FlashInfer's documented requirement)
+                workspace = self._workspace[device] = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+            if kind == "decode":
+                wrapper = self.kernels.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD",
+                                                                          use_tensor_cores=self._tensor_cores)
+            else:
+                wrapper = self.kernels.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
+            self._wrappers[(kind, device, variant)] = wrapper
         return wrapper
 
     def _plan(self, plan: FlashInferPlan, q: torch.Tensor, k_cache: torch.Tensor, scale: float, window: int,
               softcap: float) -> None:
         heads, kvh, d = q.shape[1], k_cache.shape[2], q.shape[2]
+        self._tensor_cores = decode_on_tensor_cores(heads, kvh)
         # flashinfer's window_left counts the keys left of the query's own (-1: no window)
         extra = dict(window_left=window - 1 if window > 0 else -1, logits_soft_cap=softcap or None)
         if plan.decode is not None:

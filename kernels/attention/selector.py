@@ -13,6 +13,7 @@ import importlib
 import importlib.util
 import logging
 import os
+import shutil
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
@@ -105,7 +106,30 @@ def _flashinfer(needs: AttentionNeeds) -> Optional[str]:
         return "flashinfer-python is not installed (pip install -e '.[cuda]')"
     if not _cuda():
         return "torch sees no CUDA device"
+    return flashinfer_kernels_refusal()
+
+
+def flashinfer_kernels_refusal() -> Optional[str]:
+    """flashinfer-python builds its kernels with nvcc at their first use, unless flashinfer-jit-cache holds
+    them prebuilt: on a host with neither the first attention call would raise. Where they are to be built,
+    the first step of each shape takes minutes, said here once."""
+    if importlib.util.find_spec("flashinfer_jit_cache") is not None:
+        return None
+    nvcc = nvcc_path()
+    if nvcc is None:
+        return ("its kernels are neither prebuilt (pip install flashinfer-jit-cache) nor buildable here "
+                "(no nvcc on PATH or under CUDA_HOME)")
+    log.warning("flashinfer: its kernels are built with %s at their first use (minutes; "
+                "flashinfer-jit-cache holds them prebuilt)", nvcc)
     return None
+
+
+def nvcc_path() -> Optional[str]:
+    """The CUDA compiler FlashInfer's JIT would run, as torch's extension builder finds it."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home and os.path.exists(os.path.join(home, "bin", "nvcc")):
+        return os.path.join(home, "bin", "nvcc")
+    return shutil.which("nvcc") or next((p for p in ("/usr/local/cuda/bin/nvcc",) if os.path.exists(p)), None)
 
 
 def _cuda() -> bool:

@@ -24,6 +24,7 @@ def _check_index(x, name):
 class _Wrapper:
     def __init__(self, workspace, layout):
         assert layout == "NHD" and workspace.dtype == torch.uint8
+        assert not workspace.any(), "FlashInfer's workspace must be zeroed"
         self.planned = None
         self.plans = 0
 
@@ -57,8 +58,17 @@ class _Wrapper:
 
 
 class _Decode(_Wrapper):
+    CUDA_CORE_GROUPS = (1, 2, 3, 4, 6, 8, 16)  # FlashInfer 0.7's CUDA-core decode kernels, as it dispatches them
+
+    def __init__(self, workspace, layout, use_tensor_cores=False):
+        super().__init__(workspace, layout)
+        self.use_tensor_cores = use_tensor_cores
+
     def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, *,
              pos_encoding_mode, sm_scale, q_data_type, kv_data_type, window_left, logits_soft_cap):
+        group = num_qo_heads // num_kv_heads
+        if not self.use_tensor_cores and group not in self.CUDA_CORE_GROUPS:
+            raise RuntimeError(f"Unsupported group_size: {group}")  # (what FlashInfer raises)
         for x, name in ((indptr, "indptr"), (indices, "indices"), (last_page_len, "last_page_len")):
             _check_index(x, name)
         assert pos_encoding_mode == "NONE" and 1 <= int(last_page_len.min()) and int(last_page_len.max()) <= page_size
@@ -121,6 +131,35 @@ def test_the_kernels_get_int32_indices_and_contiguous_tensors_and_the_right_page
     assert [w.plans for w in backend._wrappers.values()] == [1, 1]
     written = ref_cache.permute(0, 2, 3, 1, 4).reshape(2, -1, kvh, d)[:, slots]
     assert torch.equal(torch.stack(caches).view(2, -1, kvh, d)[:, slots], written)
+
+
+@pytest.mark.parametrize("heads, kv_heads, tensor_cores", [(8, 2, False), (7, 1, True), (10, 2, True), (16, 1, True)],
+                         ids=["group-4", "group-7-qwen2.5-7b", "group-5-qwen2.5-14b", "group-16"])
+def test_decodes_of_every_group_size_plan_on_the_kernels_that_take_it(heads, kv_heads, tensor_cores):
+    """The CUDA-core decode takes groups of 1, 2, 3, 4, 6, 8 or 16 query heads a KV head; past 4 (as vLLM)
+    the backend builds tensor-core decode wrappers, which take any, and the rows are still right."""
+    g = torch.Generator().manual_seed(1)
+    d, bs, blocks = 16, 4, 12
+    decode = sequence_group([1, 1], [6, 2], [[4, 9], [7]], 0)
+    slots = slot_mapping((decode,), bs)
+    meta = AttentionMetadata(torch.tensor(slots), decode, None)
+    q = torch.randn(len(slots), heads, d, generator=g).to(torch.bfloat16)
+    k, v = (torch.randn(len(slots), kv_heads, d, generator=g).to(torch.bfloat16) for _ in range(2))
+    cache = torch.randn(2, kv_heads, blocks, bs, d, generator=g).to(torch.bfloat16)
+    ref = TorchRefBackend(kv_heads, blocks, bs)
+    ref_caches = cache.clone()
+    expected = ref.forward(q, k, v, ref_caches[0], ref_caches[1], ref.prepare(meta), d ** -0.5)
+    backend = FlashInferBackend(kv_heads, blocks, bs, kernels=FakeFlashInfer())
+    caches = [c.permute(1, 2, 0, 3).contiguous() for c in cache]
+    got = backend.forward(q, k, v, caches[0], caches[1], backend.prepare(meta), d ** -0.5)
+    torch.testing.assert_close(got, expected, atol=2e-2, rtol=2e-2)
+    (wrapper,) = backend._wrappers.values()
+    assert wrapper.use_tensor_cores is tensor_cores
+    if heads // kv_heads == 7:  # the fake refuses what FlashInfer refuses: a group of 7 on CUDA cores
+        with pytest.raises(RuntimeError, match="group_size"):
+            _Decode(torch.zeros(8, dtype=torch.uint8), "NHD").plan(
+                *(torch.zeros(2, dtype=torch.int32),) * 3, heads, kv_heads, d, bs, pos_encoding_mode="NONE",
+                sm_scale=1.0, q_data_type=q.dtype, kv_data_type=q.dtype, window_left=-1, logits_soft_cap=None)
 
 
 def test_every_mention_of_the_flashinfer_version_agrees_with_the_pin():

@@ -101,3 +101,35 @@ def test_the_real_gates_on_this_machine():
         assert choose(needs(device="cuda", dtype=torch.float32, head_dim=100, block_size=12, window=8)) == "torch"
         for name in ("flashinfer", "triton"):
             assert selector.BACKENDS[name].refusal(needs(device="cuda")) is not None
+
+
+@pytest.mark.parametrize("jit_cache, nvcc, refused", [(True, None, False), (False, "/usr/local/cuda/bin/nvcc", False),
+                                                      (False, None, True)],
+                         ids=["prebuilt", "nvcc-builds-them", "driver-only-host"])
+def test_flashinfer_is_passed_over_where_its_kernels_can_be_neither_loaded_nor_built(monkeypatch, jit_cache, nvcc,
+                                                                                     refused):
+    """FlashInfer builds its kernels with nvcc at first use unless flashinfer-jit-cache holds them: on a
+    driver-only host the first attention call would raise, so the selector takes triton there."""
+    real_find_spec = selector.importlib.util.find_spec
+    present = {"flashinfer": True, "flashinfer_jit_cache": jit_cache, "triton": True}
+    monkeypatch.setattr(selector.importlib.util, "find_spec",
+                        lambda name, *a: object() if present.get(name) else
+                        (None if name in present else real_find_spec(name, *a)))
+    monkeypatch.setattr(selector, "nvcc_path", lambda: nvcc)
+    monkeypatch.setattr(selector, "_cuda", lambda: True)
+    case = needs(device="cuda", head_dim=128)
+    why = selector.BACKENDS["flashinfer"].refusal(case)
+    if refused:
+        assert "flashinfer-jit-cache" in why and "nvcc" in why
+        assert choose(case) == "triton"
+        with pytest.raises(AttentionBackendError, match="neither prebuilt"):
+            choose(case, forced="flashinfer")
+    else:
+        assert why is None and choose(case) == "flashinfer"
+
+
+def test_nvcc_is_found_under_cuda_home(monkeypatch, tmp_path):
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "nvcc").write_text("")
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    assert selector.nvcc_path() == str(tmp_path / "bin" / "nvcc")
