@@ -225,8 +225,9 @@ def _ptxas_usage(ptx: str, arch: int, name: str) -> tuple[int, int, int, int]:
     return int(_REGISTERS.search(log).group(1)), stores, loads, stack
 
 
-def compile_all(archs=ARCHS, dtypes=DTYPES, shapes=SHAPES) -> list[KernelReport]:
-    """Every kernel of every shape, compiled for each arch and dtype; one report a distinct compile."""
+def compile_all(archs=ARCHS, dtypes=DTYPES, shapes=SHAPES, wrappers=None) -> list[KernelReport]:
+    """Every kernel of every shape (or of the host ``wrappers`` named), compiled for each arch and dtype; one
+    report a distinct compile."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("compile_check needs TRITON_INTERPRET off before the kernels are imported")
     import torch
@@ -242,7 +243,8 @@ def compile_all(archs=ARCHS, dtypes=DTYPES, shapes=SHAPES) -> list[KernelReport]
                     seen = {id(k) for fn in _jit_functions() for c in fn.device_caches.values()
                             for k in c[0].values()}
                     for wrapper, call in _calls(shape, dtype):
-                        call()
+                        if wrappers is None or wrapper in wrappers:
+                            call()
                     for fn in _jit_functions():
                         for cache in fn.device_caches.values():
                             for kernel in cache[0].values():
