@@ -36,6 +36,10 @@ LIMIT_BYTES = 48 << 20  # of the tree's 64 MiB: the rest is the source tree itse
 GPU_HOST = [*(a for v in range(28, 16, -1) for a in ("--platform", f"manylinux_2_{v}_x86_64")),
             "--platform", "manylinux2014_x86_64", "--python-version", "3.12", "--implementation", "cp",
             "--abi", "cp312", "--abi", "abi3", "--abi", "none", "--only-binary=:all:"]
+# the same host, as requirement markers see it
+GPU_HOST_MARKERS = {"platform_system": "Linux", "sys_platform": "linux", "platform_machine": "x86_64",
+                    "python_version": "3.12", "python_full_version": "3.12.3", "implementation_name": "cpython",
+                    "platform_python_implementation": "CPython", "os_name": "posix", "extra": ""}
 
 
 def canonical(name: str) -> str:
@@ -56,12 +60,15 @@ def project_requirements(extras=("test",)) -> list[str]:
     return [x.strip() for x in lines if x.strip() and not x.strip().startswith("#")]
 
 
-def stand_in_wheel(name: str, version: str, out: Path) -> Path:
-    """An empty wheel of ``name`` at ``version`` that requires nothing: what the image holds, for pip."""
+def stand_in_wheel(name: str, version: str, out: Path, requires=()) -> Path:
+    """An empty wheel of ``name`` at ``version`` requiring ``requires``: a package pip is not to fetch (what
+    the image holds; what this index cannot serve), for pip's resolver."""
     stem = f"{name.replace('-', '_')}-{version}"
     wheel = out / f"{stem}-py3-none-any.whl"
+    metadata = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}",
+                *(f"Requires-Dist: {r}" for r in requires)]
     with zipfile.ZipFile(wheel, "w") as z:
-        z.writestr(f"{stem}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        z.writestr(f"{stem}.dist-info/METADATA", "\n".join(metadata) + "\n")
         z.writestr(f"{stem}.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: actorserve\nRoot-Is-Purelib: true\n"
                                               "Tag: py3-none-any\n")
         z.writestr(f"{stem}.dist-info/RECORD", "")

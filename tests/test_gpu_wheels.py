@@ -20,9 +20,7 @@ spec = importlib.util.spec_from_file_location("fetch_gpu_wheels", ROOT / "script
 fetch_gpu_wheels = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(fetch_gpu_wheels)
 canonical = fetch_gpu_wheels.canonical
-HOST = {"platform_system": "Linux", "sys_platform": "linux", "platform_machine": "x86_64", "python_version": "3.12",
-        "python_full_version": "3.12.3", "implementation_name": "cpython", "platform_python_implementation": "CPython",
-        "os_name": "posix", "extra": ""}
+HOST = fetch_gpu_wheels.GPU_HOST_MARKERS
 
 
 def _requires(wheel: Path) -> list[Requirement]:

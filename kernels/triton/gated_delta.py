@@ -70,9 +70,9 @@ def recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     slots = slots.to(device=v.device, dtype=torch.int64).contiguous()
     block_v = state_columns(dk, dv)
-    _recurrent_step_kernel[(b, hv, triton.cdiv(dv, block_v))](q, k, v, g.float().contiguous(), beta.float().contiguous(), states, slots, out,
-                                    hv, hv // hk, dk, dv, dk ** -0.5, BLOCK_K=triton.next_power_of_2(dk),
-                                    BLOCK_V=block_v)
+    grid = (b, hv, triton.cdiv(dv, block_v))
+    _recurrent_step_kernel[grid](q, k, v, g.float().contiguous(), beta.float().contiguous(), states, slots, out,
+                                 hv, hv // hk, dk, dv, dk ** -0.5, BLOCK_K=triton.next_power_of_2(dk), BLOCK_V=block_v)
     return out
 
 
@@ -128,11 +128,12 @@ def recurrent_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     device = v.device
     as_dev = lambda xs, dtype: torch.as_tensor(list(xs), dtype=dtype).to(device)  # noqa: E731
     block_v = state_columns(dk, dv)
-    _recurrent_varlen_kernel[(n, hv, triton.cdiv(dv, block_v))](q.contiguous(), k.contiguous(), v.contiguous(), g.float().contiguous(),
-                                      beta.float().contiguous(), states, as_dev(slots, torch.int64),
-                                      as_dev([int(bool(f)) for f in fresh], torch.int32),
-                                      as_dev(offsets, torch.int64), out, hv, hv // hk, dk, dv, dk ** -0.5,
-                                      BLOCK_K=triton.next_power_of_2(dk), BLOCK_V=block_v)
+    grid = (n, hv, triton.cdiv(dv, block_v))
+    _recurrent_varlen_kernel[grid](q.contiguous(), k.contiguous(), v.contiguous(), g.float().contiguous(),
+                                   beta.float().contiguous(), states, as_dev(slots, torch.int64),
+                                   as_dev([int(bool(f)) for f in fresh], torch.int32),
+                                   as_dev(offsets, torch.int64), out, hv, hv // hk, dk, dv, dk ** -0.5,
+                                   BLOCK_K=triton.next_power_of_2(dk), BLOCK_V=block_v)
     return out
 
 

@@ -15,6 +15,7 @@ import urllib.request
 import psutil
 
 API_KEY = "test-key"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
 def free_port() -> int:
@@ -113,3 +114,20 @@ def http(method: str, url: str, json_body=None, raw: bytes = None, headers: dict
             return Reply(resp.status, resp.headers, resp.read())
     except urllib.error.HTTPError as err:
         return Reply(err.code, err.headers, err.read())
+
+
+def read_stream(port: int, max_tokens: int, events: list, started) -> None:
+    """A streamed completion of ``max_tokens`` (EOS ignored): each event's data appended to ``events`` as it
+    comes, ``started`` (a threading.Event) set at the first; for a thread of the test's own."""
+    import json as _json
+    from http.client import HTTPConnection
+
+    conn = HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("POST", "/v1/completions", _json.dumps({"prompt": "Count:", "max_tokens": max_tokens, "stream": True,
+                                                         "ignore_eos": True}),
+                 {"Content-Type": "application/json", **AUTH})
+    for raw in conn.getresponse():
+        line = raw.decode().strip()
+        if line.startswith("data: "):
+            events.append(line[6:])
+            started.set()

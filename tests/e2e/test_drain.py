@@ -7,24 +7,10 @@ import json
 import signal
 import threading
 import time
-from http.client import HTTPConnection
 
-from tests.e2e.server import API_KEY, Server, http
+from tests.e2e.server import AUTH, Server, http, read_stream
 
-AUTH = {"Authorization": f"Bearer {API_KEY}"}
 TIMEOUT = 3.0
-
-
-def _stream(port: int, max_tokens: int, events: list, started: threading.Event) -> None:
-    conn = HTTPConnection("127.0.0.1", port, timeout=60)
-    conn.request("POST", "/v1/completions", json.dumps({"prompt": "Count:", "max_tokens": max_tokens, "stream": True,
-                                                        "ignore_eos": True}),
-                 {"Content-Type": "application/json", **AUTH})
-    for raw in conn.getresponse():
-        line = raw.decode().strip()
-        if line.startswith("data: "):
-            events.append(line[6:])
-            started.set()
 
 
 def test_sigterm_lets_streams_finish_within_the_timeout_then_ends_the_rest_and_exits_0():
@@ -32,7 +18,7 @@ def test_sigterm_lets_streams_finish_within_the_timeout_then_ends_the_rest_and_e
     code = None
     try:
         streams = [(8 if i % 2 else 900, [], threading.Event()) for i in range(16)]  # short and long, mixed
-        threads = [threading.Thread(target=_stream, args=(server.port, n, ev, st), daemon=True) for n, ev, st in streams]
+        threads = [threading.Thread(target=read_stream, args=(server.port, n, ev, st), daemon=True) for n, ev, st in streams]
         for t in threads:
             t.start()
         assert all(st.wait(60) for _, _, st in streams)

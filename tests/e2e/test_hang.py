@@ -8,26 +8,12 @@ import os
 import signal
 import threading
 import time
-from http.client import HTTPConnection
 
 import pytest
 
-from tests.e2e.server import API_KEY, Server, http
+from tests.e2e.server import AUTH, Server, http, read_stream
 
 HANG_TIMEOUT = 3.0
-AUTH = {"Authorization": f"Bearer {API_KEY}"}
-
-
-def _stream(port: int, events: list, started: threading.Event) -> None:
-    conn = HTTPConnection("127.0.0.1", port, timeout=60)
-    conn.request("POST", "/v1/completions", json.dumps({"prompt": "Count:", "max_tokens": 900, "stream": True,
-                                                        "ignore_eos": True}),
-                 {"Content-Type": "application/json", **AUTH})
-    for raw in conn.getresponse():
-        line = raw.decode().strip()
-        if line.startswith("data: "):
-            events.append(line[6:])
-            started.set()
 
 
 @pytest.mark.parametrize("child", ["worker0", "scheduler"])
@@ -36,7 +22,7 @@ def test_a_stopped_child_is_declared_dead(child):
     try:
         assert http("GET", server.base_url + "/health").status_code == 200
         events, started = [], threading.Event()
-        reader = threading.Thread(target=_stream, args=(server.port, events, started), daemon=True)
+        reader = threading.Thread(target=read_stream, args=(server.port, 900, events, started), daemon=True)
         reader.start()
         assert started.wait(60)
         os.kill(server.child_pid(child), signal.SIGSTOP)

@@ -27,8 +27,9 @@ def _run(code_or_args: list[str], timeout: float) -> subprocess.CompletedProcess
 
 @pytest.mark.time_limit(420)
 def test_every_kernel_compiles_for_sm80_and_sm90_within_the_register_budget(tmp_path):
-    runs = {arch: subprocess.Popen([sys.executable, "-m", "actorserve.kernels.triton.compile_check", "--arch", str(arch),
-                                    "--json", str(tmp_path / f"sm{arch}.json")], env=_compiled_env(),
+    check = [sys.executable, "-m", "actorserve.kernels.triton.compile_check"]
+    runs = {arch: subprocess.Popen([*check, "--arch", str(arch), "--json", str(tmp_path / f"sm{arch}.json")],
+                                   env=_compiled_env(),
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for arch in (80, 90)}  # (one process an arch: two cores compile at once)
     reports = []
