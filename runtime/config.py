@@ -213,6 +213,9 @@ class SchedulerConfig:
                                                    "request past it is refused at once (HTTP 503, Retry-After), one "
                                                    "larger than it is a 400 (default: no bound in Python; 4096 for "
                                                    "serve and serve-zmq)")
+    grammar_compile_seconds: float = option(10.0, "a structured-outputs grammar's compile, in a process of its "
+                                                   "own; longer is refused (HTTP 400)")
+    grammar_compile_memory: int = option(1 << 30, "bytes that compile may allocate; more is refused (HTTP 400)")
     speculative_config: Optional[SpeculativeConfig] = option(
         None, 'speculative decoding, as vLLM\'s JSON: {"method": "ngram", "num_speculative_tokens": 4, '
               '"prompt_lookup_max": 4, "prompt_lookup_min": 2}, or {"method": "draft_model", "model": PATH, '
@@ -231,6 +234,10 @@ class SchedulerConfig:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.max_waiting_seqs is not None and self.max_waiting_seqs < 1:
             raise ValueError(f"max_waiting_seqs must be >= 1, got {self.max_waiting_seqs}")
+        if not self.grammar_compile_seconds > 0:
+            raise ValueError(f"grammar_compile_seconds must be > 0, got {self.grammar_compile_seconds}")
+        if self.grammar_compile_memory < 64 << 20:
+            raise ValueError(f"grammar_compile_memory must be at least 64 MiB, got {self.grammar_compile_memory}")
 
 
 @dataclass(frozen=True)

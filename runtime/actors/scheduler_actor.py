@@ -192,7 +192,10 @@ class SchedulerActor(Actor):
                 if self.tokenizer is None:
                     raise ValueError("prompt_token_ids are required: the engine runs without a tokenizer")
                 verify_prompt_text(message.prompt, self.core.facts.max_model_len, self._max_token_chars)
-                job = asyncio.ensure_future(self._tokenize_then_add(rid, message, params, origin))
+            if message.prompt_token_ids is None or params.structured_outputs is not None:
+                if params.structured_outputs is not None:  # (a schema that does not parse: refused at once)
+                    self.core.structured.validate(params.structured_outputs)
+                job = asyncio.ensure_future(self._prepare_then_add(rid, message, params, origin))
                 self._tokenizing[rid] = (job, params.n)
                 self._remember_peer(envelope)
                 return
@@ -213,11 +216,20 @@ class SchedulerActor(Actor):
         self._clients[rid] = (origin, message.request_id)
         self._work.set()
 
-    async def _tokenize_then_add(self, rid: str, message: AddRequest, params: SamplingParams, origin) -> None:
-        """Tokenize on the pool's thread, then admit; an abort meanwhile cancels this."""
+    async def _prepare_then_add(self, rid: str, message: AddRequest, params: SamplingParams, origin) -> None:
+        """Tokenize on the pool's thread and compile the request's grammar on the grammar thread (within its
+        budget: one past it refuses the request), then admit; an abort meanwhile cancels this."""
         loop = asyncio.get_running_loop()
         try:
-            ids = await loop.run_in_executor(self._tokenizer_pool, encode, self.tokenizer, message.prompt)
+            compiling = None
+            if params.structured_outputs is not None:
+                compiling = asyncio.wrap_future(self.core.structured.prepare(params.structured_outputs))
+            ids = message.prompt_token_ids
+            if ids is None:
+                ids = await loop.run_in_executor(self._tokenizer_pool, encode, self.tokenizer, message.prompt)
+            if compiling is not None:
+                await compiling
+            ids = list(ids)
             self._tokenizing.pop(rid, None)
             self._admit(rid, message, params, ids, origin)
         except asyncio.CancelledError:

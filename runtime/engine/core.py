@@ -105,7 +105,9 @@ class EngineCore:
         self.kv = KVCacheManager(facts.num_kv_blocks, block_size, caching, facts.sliding_window,
                                  facts.num_state_slots)
         self.scheduler = Scheduler(config.scheduler, self.kv, facts.vocab_size)
-        self.structured = StructuredOutputManager(tokenizer, facts.vocab_size, facts.eos_token_id)
+        self.structured = StructuredOutputManager(tokenizer, facts.vocab_size, facts.eos_token_id,
+                                                  config.scheduler.grammar_compile_seconds,
+                                                  config.scheduler.grammar_compile_memory)
         self._groups: dict[str, _Group] = {}
         self._by_seq: dict[str, tuple[_Group, _Sequence]] = {}
         self._arrivals = itertools.count()

@@ -11,16 +11,23 @@ against the grammar ahead of the model (those it forbids are cut off) and each v
 bitmask of its own position.
 
 The backend is a seam (``StructuredOutputBackend``): xgrammar's CPU path today; llguidance or outlines-core
-would be another class. Compiled grammars are cached by the backend's compiler, bounded in bytes and
-owned by the instance.
+would be another class. A grammar's compile costs what its text decides (a 1 MB ``choice`` compiles for
+minutes), so xgrammar compiles in a process of its own (``runtime.budgeted_child``) within
+``grammar_compile_seconds`` and ``grammar_compile_memory``: one past either is a ValueError, the child
+replaced (what it took goes back to the system), and the scheduler refuses the request (HTTP 400) before
+admitting it (``prepare``). Compiled grammars cross back serialized and are cached, bounded in bytes and
+owned by the backend instance, as is the child's own compiler cache.
 """
 from __future__ import annotations
 
 import json
 import logging
+import threading
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
+from actorserve.runtime.budgeted_child import BudgetedChild, ChildDied, ChildOutOfMemory, ChildTimeout, JobFailed
 from actorserve.runtime.engine.sampling_params import StructuredOutputsParams
 
 if TYPE_CHECKING:  # torch loads where a grammar is used (the scheduler, the worker), not in the frontend
@@ -60,32 +67,100 @@ class Matcher(Protocol):
 
 
 class XgrammarBackend:
-    """xgrammar's grammars and matchers on the CPU."""
+    """xgrammar's grammars and matchers on the CPU; its compiles in a budgeted child process."""
 
-    def __init__(self, tokenizer, vocab_size: int, cache_bytes: int = GRAMMAR_CACHE_BYTES) -> None:
+    def __init__(self, tokenizer, vocab_size: int, seconds: float, memory_bytes: int,
+                 cache_bytes: int = GRAMMAR_CACHE_BYTES) -> None:
         import xgrammar as xgr
 
         self.xgr = xgr
         self.info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
-        self.compiler = xgr.GrammarCompiler(self.info, max_threads=1, cache_enabled=True,
-                                            cache_limit_bytes=cache_bytes)
+        self.seconds, self.cache_bytes = seconds, cache_bytes
+        self._child = BudgetedChild("grammar-compiler", _CompileInChild(self.info.serialize_json(), cache_bytes),
+                                    memory_bytes)
+        self._compiled: OrderedDict[tuple[str, str], Any] = OrderedDict()  # least recently used first
+        self._cached_bytes = 0
+        self._lock = threading.Lock()
 
     @staticmethod
     def validate(params: StructuredOutputsParams) -> None:
         validate_with_xgrammar(params)
 
     def compile(self, params: StructuredOutputsParams) -> Any:
-        kind = params.kind
-        if kind == "json":
-            return self.compiler.compile_json_schema(params.json)
-        if kind == "json_object":
-            return self.compiler.compile_builtin_json_grammar()
-        if kind == "regex":
-            return self.compiler.compile_regex(params.regex)
-        return self.compiler.compile_grammar(_grammar_text(params))
+        key = (params.kind, _source(params))
+        with self._lock:
+            if key in self._compiled:
+                self._compiled.move_to_end(key)
+                return self._compiled[key]
+        what = f"structured_outputs.{params.kind}"
+        try:
+            text = self._child.run(key, self.seconds)
+        except ChildTimeout:
+            raise ValueError(f"{what} did not compile within {self.seconds:g} s") from None
+        except ChildOutOfMemory as exc:
+            raise ValueError(f"{what} took {exc} to compile") from None
+        except ChildDied:
+            raise ValueError(f"the grammar compiler died compiling {what}") from None
+        except JobFailed as exc:
+            raise ValueError(f"{what} could not be compiled: {exc}") from None
+        compiled = self.xgr.CompiledGrammar.deserialize_json(text, self.info)
+        self._remember(key, compiled)
+        return compiled
+
+    def _remember(self, key: tuple[str, str], compiled: Any) -> None:
+        size = int(compiled.memory_size_bytes) + len(key[1])
+        with self._lock:
+            if key in self._compiled or size > self.cache_bytes:
+                return
+            self._compiled[key] = compiled
+            self._cached_bytes += size
+            while self._cached_bytes > self.cache_bytes:
+                old_key, old = self._compiled.popitem(last=False)
+                self._cached_bytes -= int(old.memory_size_bytes) + len(old_key[1])
 
     def matcher(self, compiled: Any) -> "Matcher":
         return _XgrammarMatcher(self.xgr.GrammarMatcher(compiled))
+
+    def close(self) -> None:
+        self._child.close()
+
+
+class _CompileInChild:
+    """The compiler process's side: xgrammar's compiler over the tokenizer's table, its own cache bounded."""
+
+    def __init__(self, tokenizer_info_json: str, cache_bytes: int) -> None:
+        self.tokenizer_info_json, self.cache_bytes = tokenizer_info_json, cache_bytes
+        self.compiler = None
+
+    def prepare(self) -> None:
+        import xgrammar as xgr
+
+        info = xgr.TokenizerInfo.deserialize_json(self.tokenizer_info_json)
+        self.compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=True,
+                                            cache_limit_bytes=self.cache_bytes)
+
+    def __call__(self, job: tuple[str, str]) -> str:
+        kind, source = job
+        if kind == "json":
+            compiled = self.compiler.compile_json_schema(source)
+        elif kind == "json_object":
+            compiled = self.compiler.compile_builtin_json_grammar()
+        elif kind == "regex":
+            compiled = self.compiler.compile_regex(source)
+        else:
+            compiled = self.compiler.compile_grammar(source)
+        return compiled.serialize_json()
+
+
+def _source(params: StructuredOutputsParams) -> str:
+    """What is compiled: the schema, the regex, or the grammar's text ("" for any JSON object)."""
+    if params.kind == "json":
+        return params.json
+    if params.kind == "regex":
+        return params.regex
+    if params.kind == "json_object":
+        return ""
+    return _grammar_text(params)
 
 
 class _XgrammarMatcher:
@@ -200,16 +275,20 @@ class GrammarState:
 
 
 class StructuredOutputManager:
-    """Checks, compiles (one thread, off the step loop) and tracks the grammars of the engine's requests."""
+    """Checks, compiles (one thread, off the step loop; in the backend's budget) and tracks the grammars of
+    the engine's requests."""
 
-    def __init__(self, tokenizer, vocab_size: int, eos_token_id: Optional[int]) -> None:
+    def __init__(self, tokenizer, vocab_size: int, eos_token_id: Optional[int], compile_seconds: float = 10.0,
+                 compile_memory: int = 1 << 30) -> None:
         self.tokenizer, self.vocab_size = tokenizer, vocab_size
+        self.compile_seconds, self.compile_memory = compile_seconds, compile_memory
         self.stop_ids = [] if eos_token_id is None else [eos_token_id]
         # called (from the grammar thread) each time a grammar is compiled: an engine loop that waits for
         # work sets this to wake itself, since a request that waited for its grammar can now be admitted
         self.on_compiled: Optional[Callable[[], None]] = None
         self.backend_class: type = XgrammarBackend
         self._backend: Optional[StructuredOutputBackend] = None
+        self._backend_lock = threading.Lock()
         self._pool: Optional[ThreadPoolExecutor] = None
 
     def validate(self, params: StructuredOutputsParams) -> None:
@@ -217,15 +296,24 @@ class StructuredOutputManager:
             raise ValueError("structured_outputs needs a tokenizer (skip_tokenizer_init is set)")
         self.backend_class.validate(params)
 
+    def prepare(self, params: StructuredOutputsParams) -> "Future[Any]":
+        """The request's grammar compiled (on the grammar thread) ahead of its admission: a compile that
+        fails or runs past its budget raises there, so the request is refused as a whole (a 400), and the
+        samples' own compiles (``start``) then find it cached."""
+        return self._submit(params)
+
     def start(self, params: StructuredOutputsParams) -> GrammarState:
         """Compilation begins now, on the grammar thread; ``GrammarState.ready`` says when it is done."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="actorserve-grammar")
-        future = self._pool.submit(self._compile, params)
+        future = self._submit(params)
         if self.on_compiled is not None:
             callback = self.on_compiled
             future.add_done_callback(lambda _: callback())
         return GrammarState(future, self._matcher, self.stop_ids)
+
+    def _submit(self, params: StructuredOutputsParams) -> "Future[Any]":
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="actorserve-grammar")
+        return self._pool.submit(self._compile, params)
 
     def _compile(self, params: StructuredOutputsParams) -> Any:
         return self.backend().compile(params)
@@ -234,13 +322,18 @@ class StructuredOutputManager:
         return self.backend().matcher(compiled)  # (asked once compiled: the backend exists by then)
 
     def backend(self) -> StructuredOutputBackend:
-        if self._backend is None:  # its tokenizer table takes a moment: built on the grammar thread, once
-            self._backend = self.backend_class(self.tokenizer, self.vocab_size)
-        return self._backend
+        with self._backend_lock:
+            if self._backend is None:  # its tokenizer table takes a moment: built on the grammar thread, once
+                self._backend = self.backend_class(self.tokenizer, self.vocab_size, self.compile_seconds,
+                                                   self.compile_memory)
+            return self._backend
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+        close = getattr(self._backend, "close", None)
+        if close is not None:
+            close()
 
 
 def bitmask_to_allowed(bitmask: bytes, vocab_size: int) -> "torch.Tensor":

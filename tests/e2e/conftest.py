@@ -7,7 +7,8 @@ from tests.e2e.server import API_KEY, Server
 
 @pytest.fixture(scope="session")
 def server():
-    s = Server("--trust-request-chat-template")  # (the parity tests send templates; the hostile ones do not trust)
+    # (the parity tests send templates, the hostile ones do not trust them; a grammar's compile gets 5 s)
+    s = Server("--trust-request-chat-template", "--grammar-compile-seconds", "5")
     yield s
     assert s.stop() == 0
 

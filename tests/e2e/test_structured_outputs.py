@@ -93,6 +93,26 @@ def test_malformed_constraints_are_a_400_naming_the_problem(client, extra, needl
         client.completions.create(model=MODEL, prompt="Hi", max_tokens=5, extra_body=extra)
 
 
+def test_a_grammar_past_its_compile_budget_is_a_400_and_the_server_goes_on(client):
+    """A 1 MB choice (1024 alternatives of 1000 characters) compiled for minutes on the one grammar thread;
+    the server's budget here is 5 s: a 400 within it, streamed or not, and the next constrained request is
+    served."""
+    import time
+
+    from tests.runtime.engine.test_structured_outputs import big_choice_text
+
+    choices = [big_choice_text(i) for i in range(1024)]
+    for stream in (False, True):
+        start = time.monotonic()
+        with pytest.raises(openai.BadRequestError, match="did not compile within 5 s"):
+            client.completions.create(model=MODEL, prompt="Pick:", max_tokens=5, stream=stream,
+                                      extra_body={"structured_outputs": {"choice": choices}})
+        assert time.monotonic() - start < 30
+    pick = client.completions.create(model=MODEL, prompt="Pick one:", max_tokens=10, temperature=0,
+                                     extra_body={"structured_outputs": {"choice": ["yes", "no"]}})
+    assert pick.choices[0].text in ("yes", "no")
+
+
 def test_a_constrained_request_leaves_free_ones_unchanged(client):
     prompts = ["The capital of France is", "1, 2, 3,", "Once upon a time"]
 

@@ -125,3 +125,63 @@ def test_drafts_are_cut_where_the_grammar_forbids_them_and_each_row_gets_its_mas
     assert bool(allowed[1, 2])  # after "1" the output may end
     assert torch.equal(bitmask_to_allowed(state.bitmask(49152), 49152)[0], allowed[0])  # rolled back
     manager.close()
+
+
+def _big_choice() -> StructuredOutputsParams:
+    """1 MB of alternatives, as many and as long as a request may give (1024 of 1000 characters): a grammar
+    that compiled for minutes on the one grammar thread."""
+    return StructuredOutputsParams(choice=[big_choice_text(i) for i in range(1024)])
+
+
+def big_choice_text(i: int) -> str:
+    return (f"option {i}: " + " ".join(f"w{(i * 7919 + j) % 100003}" for j in range(200)))[:1000]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from actorserve.runtime.model.loader import load_tokenizer, resolve_model_path
+
+    return load_tokenizer(resolve_model_path(None))
+
+
+def test_a_compile_past_its_time_budget_is_a_value_error_and_the_next_compiles(tokenizer):
+    """The compile runs in the budgeted child: past its seconds the child is killed, the request's compile
+    is a ValueError (the scheduler's 400), and a fresh child serves the next grammar, whose matcher works."""
+    import time
+
+    manager = StructuredOutputManager(tokenizer, 49152, 2, compile_seconds=2.0)
+    try:
+        manager.prepare(StructuredOutputsParams(regex="[0-9]+")).result(timeout=120)  # (the child started)
+        start = time.monotonic()
+        with pytest.raises(ValueError, match="did not compile within 2 s"):
+            manager.prepare(_big_choice()).result(timeout=60)
+        assert time.monotonic() - start < 10
+        state = manager.start(StructuredOutputsParams(regex="[a-c]+"))
+        state.future.result(timeout=120)
+        assert state.ready() and state.matcher is not None
+        a, x = tokenizer.convert_tokens_to_ids("a"), tokenizer.convert_tokens_to_ids("x")
+        allowed = bitmask_to_allowed(state.bitmask(49152), 49152)[0]
+        assert bool(allowed[a]) and not bool(allowed[x])
+    finally:
+        manager.close()
+
+
+def test_the_child_compiles_what_xgrammar_compiles_here(tokenizer):
+    """A grammar compiled in the child and deserialized gives the masks of one compiled in this process."""
+    schema = '{"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"]}'
+    manager = StructuredOutputManager(tokenizer, 49152, 2)
+    try:
+        state = manager.start(StructuredOutputsParams(json=schema))
+        state.future.result(timeout=120)
+        assert state.ready() and state.matcher is not None
+        info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=49152)
+        local = xgrammar.GrammarMatcher(xgrammar.GrammarCompiler(info).compile_json_schema(schema))
+        ids = tokenizer.encode('{"age": 4', add_special_tokens=False)
+        for token in [None, *ids]:
+            if token is not None:
+                assert state.accept(token) and local.accept_token(token)
+            words = torch.zeros((49152 + 31) // 32, dtype=torch.int32)
+            local.fill_next_token_bitmask(words.view(1, -1), 0)
+            assert state.bitmask(49152) == words.numpy().tobytes()
+    finally:
+        manager.close()
