@@ -5,9 +5,9 @@ Runs in the launcher (the caller's process, or ``actorserve serve-zmq``). A chil
 through its pidfd on the launcher's loop, at once. A child that hangs (stopped, deadlocked, stuck in a
 call that never returns) is seen by its heartbeat: once ready, every child beats on its ready pipe while
 its event loop turns or a step of it computes (``runtime.liveness``), so a slow step is never a hang, and
-one whose beats stop for ``hang_timeout`` seconds is declared dead and killed. Either way the launcher's callback marks the engine dead and the supervisor tears the rest
-down. Shutdown waits for a clean exit until a deadline, then terminates, then kills: no child outlives
-it.
+one whose beats stop for ``hang_timeout`` seconds is declared dead and killed. Either way the launcher's
+callback marks the engine dead and the supervisor tears the rest down. Shutdown waits for a clean exit
+until a deadline, then terminates, then kills: no child outlives it.
 """
 from __future__ import annotations
 

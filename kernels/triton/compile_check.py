@@ -236,29 +236,27 @@ def compile_all(archs=ARCHS, dtypes=DTYPES, shapes=SHAPES, wrappers=None) -> lis
     reports: list[KernelReport] = []
     for arch in archs:  # (the stand-in stays active: a machine without a GPU has no driver to go back to)
         driver.set_active(StandInDriver(arch))
-        if True:
-            for dtype_name in dtypes:
-                dtype = getattr(torch, dtype_name)
-                for shape in shapes:
-                    seen = {id(k) for fn in _jit_functions() for c in fn.device_caches.values()
-                            for k in c[0].values()}
-                    for wrapper, call in _calls(shape, dtype):
-                        if wrappers is None or wrapper in wrappers:
-                            call()
-                    for fn in _jit_functions():
-                        for cache in fn.device_caches.values():
-                            for kernel in cache[0].values():
-                                if id(kernel) in seen:
-                                    continue
-                                seen.add(id(kernel))
-                                usage = _ptxas_usage(kernel.asm["ptx"], arch, kernel.metadata.name)
-                                constants = ", ".join(f"{k}={v}" for k, v in sorted(
-                                    (p.name, kernel.src.constants.get((i,)))
-                                    for i, p in enumerate(fn.params) if p.is_constexpr))
-                                reports.append(KernelReport(arch, dtype_name, shape.name, fn.__name__, constants,
-                                                            *usage))
-                for fn in _jit_functions():  # the next dtype's or arch's compiles are told apart from these
-                    fn.device_caches.clear()
+        for dtype_name in dtypes:
+            dtype = getattr(torch, dtype_name)
+            seen: set[int] = set()  # the compiles reported (a later shape's calls may reuse them)
+            for shape in shapes:
+                for wrapper, call in _calls(shape, dtype):
+                    if wrappers is None or wrapper in wrappers:
+                        call()
+                for fn in _jit_functions():
+                    for cache in fn.device_caches.values():
+                        for kernel in cache[0].values():
+                            if id(kernel) in seen:
+                                continue
+                            seen.add(id(kernel))
+                            usage = _ptxas_usage(kernel.asm["ptx"], arch, kernel.metadata.name)
+                            constants = ", ".join(f"{k}={v}" for k, v in sorted(
+                                (p.name, kernel.src.constants.get((i,)))
+                                for i, p in enumerate(fn.params) if p.is_constexpr))
+                            reports.append(KernelReport(arch, dtype_name, shape.name, fn.__name__, constants,
+                                                        *usage))
+            for fn in _jit_functions():  # the next dtype's or arch's compiles are told apart from these
+                fn.device_caches.clear()
     return reports
 
 

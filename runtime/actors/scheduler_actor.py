@@ -61,7 +61,7 @@ class SchedulerActor(Actor):
         self._results: asyncio.Queue = asyncio.Queue()  # StepResults, in the order the batches went out
         self._loop_task: Optional[asyncio.Task] = None
         self._stats_task: Optional[asyncio.Task] = None
-        self._tokenizing: dict[str, tuple[asyncio.Task, int]] = {}  # engine id -> (tokenize job, n)
+        self._tokenizing: dict[str, tuple[asyncio.Task, int]] = {}  # engine id -> (tokenize/compile job, n)
         self._tokenizer_pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._max_token_chars = 1
         self._peers: dict[int, set[bytes]] = {}  # client connection (fd) -> the identities seen on it

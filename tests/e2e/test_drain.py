@@ -18,7 +18,8 @@ def test_sigterm_lets_streams_finish_within_the_timeout_then_ends_the_rest_and_e
     code = None
     try:
         streams = [(8 if i % 2 else 900, [], threading.Event()) for i in range(16)]  # short and long, mixed
-        threads = [threading.Thread(target=read_stream, args=(server.port, n, ev, st), daemon=True) for n, ev, st in streams]
+        threads = [threading.Thread(target=read_stream, args=(server.port, n, ev, st), daemon=True)
+                   for n, ev, st in streams]
         for t in threads:
             t.start()
         assert all(st.wait(60) for _, _, st in streams)
