@@ -33,6 +33,7 @@ from actorserve.runtime.engine.outputs import RequestUpdate
 from actorserve.runtime.engine.sampling_params import SamplingParams, verify_prompt_text
 from actorserve.runtime.engine.stats import StatsLine
 from actorserve.runtime.errors import EngineOverloadedError, EngineSleepingError
+from actorserve.runtime.heap import trim_heap
 from actorserve.runtime.model.tokenizer import encode
 from actorserve.runtime.transport.channel import Channel, Envelope
 from actorserve.runtime.transport.client_security import curve_server
@@ -44,6 +45,9 @@ from actorserve.runtime.transport.messages import (PROTOCOL_VERSION, AbortReques
 
 log = logging.getLogger("actorserve.scheduler")
 
+# a client message is one frame, with an optional (empty) tensor-reference frame; the rest is room for the
+# tensors a later protocol version may carry. More frames close the connection (docs/protocol.md).
+MAX_CLIENT_FRAMES = 8
 _CLIENT_HEARTBEAT_S = 10.0  # a client host that vanished without closing is dropped after 30 s of silence
 
 
@@ -78,7 +82,8 @@ class SchedulerActor(Actor):
                                       runtime.curve_launcher_key)
         self.client = self.channel(Channel(
             self.ctx, "router", self.addresses.client, bind=True, name="client",
-            max_message_bytes=runtime.max_request_body_bytes, track_peers=tracked, heartbeat_s=_CLIENT_HEARTBEAT_S,
+            max_message_bytes=runtime.max_request_body_bytes, max_frames=MAX_CLIENT_FRAMES, track_peers=tracked,
+            heartbeat_s=_CLIENT_HEARTBEAT_S,
             monitor_events=zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED if tracked else 0,
             configure=self._security.configure if self._security is not None else None), listen=True)
         if tracked:
@@ -376,6 +381,10 @@ class SchedulerActor(Actor):
         log.warning("rejected a message: %s", reason)
         if envelope.origin is not None:
             await self.client.send(ErrorReply("ProtocolError", reason), to=envelope.origin)
+        if envelope.drop_peer and envelope.peer is not None:
+            log.warning("closed the connection that sent it; its requests are aborted")
+            self.client.disconnect(envelope.peer)
+            trim_heap()  # what libzmq buffered of the message
 
 
 def _engine_id(origin: Optional[bytes], request_id: str) -> str:

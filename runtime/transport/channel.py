@@ -5,14 +5,19 @@ extra frames, sent without copying and retained in PendingSends until ZMQ is don
 ``recv`` returns an Envelope whose message is typed, or whose error says why the frames were rejected:
 no content of a message can make ``recv`` raise. Receivers bind their inbox (PULL or ROUTER); senders
 connect (PUSH or DEALER). A socket that faces clients can cap the size of a message
-(``max_message_bytes``: ZMQ disconnects a peer that sends more, before it is buffered) and report which
-connection each message came from (``Envelope.peer``: the connection's file descriptor, which the socket
-monitor names when that connection closes).
+(``max_message_bytes``) and the number of its frames (``max_frames``), and report which connection each
+message came from (``Envelope.peer``: the connection's file descriptor, which the socket monitor names when
+that connection closes). libzmq enforces a size per frame, before the frame is buffered, and delivers a
+multipart message only once all of its frames have arrived: the frame count and the whole message's size
+can only be checked on receipt. A message past either is dropped unread and its ``Envelope.drop_peer`` is
+set, so that the receiver can close that connection (``disconnect``).
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import socket
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
@@ -37,6 +42,7 @@ class Envelope:
     error: Optional[ProtocolError] = None
     via: str = ""  # the name of the channel it came in on: a message is trusted only on its own channel
     peer: Optional[int] = None  # the sender's connection (a file descriptor), where the channel tracks peers
+    drop_peer: bool = False  # the sender broke the channel's frame or size limit: close its connection
 
 
 class _TrackerHandle:
@@ -55,7 +61,8 @@ class _TrackerHandle:
 class Channel:
     def __init__(self, ctx: zmq.asyncio.Context, kind: str, address: str, bind: bool,
                  identity: Optional[bytes] = None, monitor_events: int = 0, name: str = "",
-                 max_message_bytes: Optional[int] = None, track_peers: bool = False,
+                 max_message_bytes: Optional[int] = None, max_frames: Optional[int] = None,
+                 track_peers: bool = False,
                  configure: Optional[Callable[[zmq.Socket], None]] = None,
                  heartbeat_s: Optional[float] = None) -> None:
         """``configure`` sets socket options that must precede bind or connect (CurveZMQ keys).
@@ -65,6 +72,7 @@ class Channel:
         self.address = address
         self.name = name or kind
         self.track_peers = track_peers
+        self.max_message_bytes, self.max_frames = max_message_bytes, max_frames
         self.socket = ctx.socket(_KINDS[kind])
         self.socket.setsockopt(zmq.LINGER, 0)
         if max_message_bytes is not None:
@@ -108,11 +116,35 @@ class Channel:
         origin = None
         if self.kind == "router":
             origin, frames = frames[0], frames[1:]
+        refused = self._past_limits(frames)
+        if refused is not None:
+            del frames  # its buffers go now, not when the envelope does
+            return Envelope(None, origin=origin, error=refused, via=self.name, peer=peer, drop_peer=True)
         try:
             message, tensors = self._codec.decode(frames)
         except ProtocolError as exc:
             return Envelope(None, origin=origin, error=exc, via=self.name, peer=peer)
         return Envelope(message, tensors, origin, via=self.name, peer=peer)
+
+    def _past_limits(self, frames: list) -> Optional[ProtocolError]:
+        if self.max_frames is not None and len(frames) > self.max_frames:
+            return ProtocolError(f"a message of {len(frames)} frames: this socket takes at most {self.max_frames}")
+        size = sum(len(f) for f in frames)
+        if self.max_message_bytes is not None and size > self.max_message_bytes:
+            return ProtocolError(f"a message of {size} bytes: this socket takes at most {self.max_message_bytes}")
+        return None
+
+    def disconnect(self, peer: int, delay_s: float = 0.2) -> None:
+        """Close a client's connection (``Envelope.peer``) after ``delay_s``, time for a reply already queued
+        to it to go out. ZMQ has no call that drops one peer of a ROUTER; shutting the connection's socket
+        down makes libzmq see it end, and its monitor report the disconnection, as when a client leaves. The
+        descriptor is shut only if it still holds the same connection (a new one may have reused it)."""
+        try:
+            with socket.socket(fileno=os.dup(peer)) as conn:
+                remote = conn.getpeername()
+        except OSError:
+            return  # already gone
+        asyncio.get_running_loop().call_later(delay_s, _shut_down, peer, remote)
 
     def close(self) -> None:
         self._pending.drain()
@@ -122,6 +154,15 @@ class Channel:
         self.socket.close(linger=0)
         if self.bind and self.address.startswith("ipc://"):
             _remove_ipc_path(self.address[len("ipc://"):])
+
+
+def _shut_down(fd: int, remote) -> None:
+    try:
+        with socket.socket(fileno=os.dup(fd)) as conn:
+            if conn.getpeername() == remote:
+                conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # closed meanwhile
 
 
 def _remove_ipc_path(path: str) -> None:

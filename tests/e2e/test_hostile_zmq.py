@@ -14,6 +14,7 @@ import msgspec
 import psutil
 import pytest
 import zmq
+import zmq.utils.monitor
 
 from tests.e2e.hostile import Bounded, kv_tokens
 from tests.e2e.test_zmq_protocol import free_port
@@ -212,3 +213,33 @@ def test_an_abort_from_another_socket_does_nothing(ctx, server, bad, bounded):
     assert reasons == ["length"]
     other.close()
     bounded.check("another socket's abort")
+
+
+@pytest.mark.parametrize("frames,frame_bytes", [(64, 4 << 20), (3, 3 << 20)], ids=["64 frames", "6 MiB in 3"])
+def test_a_message_past_the_frame_or_size_limit_closes_its_connection(ctx, server, bounded, frames, frame_bytes):
+    """libzmq hands over a multipart message whole, so the frame count and the whole size are checked on
+    receipt: the sender gets a ProtocolError and its connection closed (its requests aborted), the memory
+    comes back, and everyone else is served."""
+    bulky = dealer(ctx, server[0])
+    events = bulky.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    bulky.send(pack({"type": "add_request", "request_id": "running", "prompt": "Once upon a time",
+                     "params": {"max_tokens": 900, "ignore_eos": True}}))
+    assert unpack(bulky.recv_multipart()[0])["type"] == "request_output"
+    bulky.send_multipart([PING] + [b"\0" * frame_bytes] * (frames - 1))
+    while True:  # the running request's outputs, then the refusal
+        reply = unpack(bulky.recv_multipart()[0])
+        if reply["type"] == "error":
+            break
+    assert reply["kind"] == "ProtocolError" and ("frames" in reply["message"] or "bytes" in reply["message"])
+    events.setsockopt(zmq.RCVTIMEO, 5000)
+    assert zmq.utils.monitor.recv_monitor_message(events)["event"] == zmq.EVENT_DISCONNECTED
+    watcher = dealer(ctx, server[0])
+    deadline = time.monotonic() + 3
+    while pong(watcher)["num_running"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert pong(watcher)["num_running"] == 0
+    bulky.disable_monitor()
+    events.close()
+    bulky.close()
+    watcher.close()
+    bounded.check(f"a message of {frames} frames")
