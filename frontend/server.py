@@ -40,6 +40,10 @@ class HttpLimits:
     limit_concurrency: int = 1024  # connections (and requests) at once; beyond, uvicorn answers 503
     chat_template_seconds: float = 5.0  # a chat template's render, in its own process; longer is a 400
     chat_template_memory: int = 512 << 20  # bytes that render may allocate; more is a 400
+    # each connection's kernel send buffer (SO_SNDBUF): what a client that stops reading takes before the
+    # server's writer blocks and flow control pauses its request (runtime/client.py); it also bounds a
+    # response's rate to twice this over the round trip (1.3 MB/s at 100 ms)
+    send_buffer_bytes: int = 64 << 10
 
     def validate(self) -> "HttpLimits":
         for f in dataclasses.fields(self):
@@ -175,7 +179,8 @@ async def serve(engine, host: str, port: int, model: Optional[str], options: Ser
                                     access_log=options.access_log, lifespan="off",
                                     timeout_graceful_shutdown=3, timeout_keep_alive=limits.timeout_keep_alive,
                                     limit_concurrency=limits.limit_concurrency,
-                                    http=header_timeout_protocol(limits.request_read_timeout)))
+                                    http=header_timeout_protocol(limits.request_read_timeout)),
+                     send_buffer_bytes=limits.send_buffer_bytes)
     loop = asyncio.get_running_loop()
     draining: list[asyncio.Task] = []
 
@@ -228,7 +233,12 @@ async def _watch(ctx: ServingContext, server: "_Server") -> None:
 
 class _Server(uvicorn.Server):
     """uvicorn without its own signal capture (it re-raises the signal at the end, which would kill the
-    process before the engine is closed); our handlers ask it to exit instead."""
+    process before the engine is closed); our handlers ask it to exit instead. Its listening sockets get
+    the send buffer size every accepted connection inherits."""
+
+    def __init__(self, config: uvicorn.Config, send_buffer_bytes: int) -> None:
+        super().__init__(config)
+        self.send_buffer_bytes = send_buffer_bytes
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -237,8 +247,21 @@ class _Server(uvicorn.Server):
     def request_exit(self) -> None:
         self.should_exit = True
 
+    async def shutdown(self, sockets=None) -> None:
+        """uvicorn's, then the connections still open cut: a client that stopped reading keeps its response's
+        writer waiting for room past the graceful timeout, and the cancelled task would wait there again
+        (sending its error), holding the process open for good."""
+        await super().shutdown(sockets)
+        for connection in list(self.server_state.connections):
+            connection.transport.abort()
+        if self.server_state.tasks:
+            await asyncio.wait(list(self.server_state.tasks), timeout=1.0)
+
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
+        for server in self.servers:
+            for sock in server.sockets:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.send_buffer_bytes)
         if self.started:
             print(f"actorserve: listening on http://{self.config.host}:{self.config.port}; the engine is starting",
                   flush=True)

@@ -264,15 +264,21 @@ async def _prepend(first, rest: AsyncIterator) -> AsyncIterator:
 
 
 async def merge(streams: Sequence[AsyncIterator]) -> AsyncIterator[tuple[int, Any]]:
-    """Interleave several async iterators as (index, item), as items come; errors propagate."""
-    queue: asyncio.Queue = asyncio.Queue()
+    """Interleave several async iterators as (index, item), as items come; errors propagate. The queue
+    holds about one item a stream: a consumer that stops leaves the backlog in the streams themselves,
+    where flow control sees it (runtime/client.py)."""
+    queue: asyncio.Queue = asyncio.Queue(maxsize=max(1, len(streams)))
     done = object()
 
     async def pump(i: int, it: AsyncIterator) -> None:
         try:
             async for item in it:
                 await queue.put((i, item))
-        except BaseException as exc:  # hand every failure, cancellation included, to the consumer
+        except asyncio.CancelledError as exc:  # (the consumer, gone, cancels its pumps: never wait for room)
+            if not queue.full():
+                queue.put_nowait((i, exc))
+            raise
+        except Exception as exc:  # hand every failure to the consumer
             await queue.put((i, exc))
             return
         await queue.put((i, done))

@@ -90,7 +90,9 @@ class AsyncEngine:
             self._dead_event.set()
             raise self._dead from exc
         self._client = ZmqClient(backend.addresses.client, self._ctx, watch_connection=False,  # supervised
-                                 api_key=self.config.runtime.client_api_key, configure=self._client_options)
+                                 api_key=self.config.runtime.client_api_key, configure=self._client_options,
+                                 backlog=self.config.runtime.stream_backlog,
+                                 stall_timeout=self.config.runtime.stream_stall_timeout)
         self._backend = backend
 
     @property

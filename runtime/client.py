@@ -11,6 +11,11 @@ reconnects by itself, so a later call goes to whatever serves the address then; 
 this client's CurveZMQ key is never tried again, and every call fails with PermissionError. A call that
 finds no server listening for ``connect_timeout`` seconds fails with EngineStartError too (the server
 process binds its socket early in its start, long before the model is loaded).
+
+Flow control: a stream whose reader falls ``backlog`` outputs behind (an HTTP client that stopped
+reading its SSE stream leaves the server's writer blocked) has its request paused in the engine, so that
+it holds no place in the batch, and resumed once the reader has taken three quarters of them. A request
+that stays paused ``stall_timeout`` seconds without its reader taking anything is aborted.
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ from actorserve.runtime.engine.sampling_params import SamplingParams
 from actorserve.runtime.errors import EngineDeadError, EngineOverloadedError, EngineSleepingError, EngineStartError
 from actorserve.runtime.transport.channel import Channel
 from actorserve.runtime.transport.messages import (AbortRequest, AddRequest, ErrorReply, HealthPing, HealthPong,
-                                                   RequestOutputDelta, SleepRequest, SleepStatus, SleepStatusRequest,
+                                                   PauseRequest, RequestOutputDelta, SleepRequest, SleepStatus, SleepStatusRequest,
                                                    WakeUpRequest, WireSamplingParams)
 
 PromptInput = Union[str, list[int], dict]
@@ -34,17 +39,29 @@ _HANDSHAKE_FAILED = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_F
 _WATCHED_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH | _HANDSHAKE_FAILED
 
 
+class _Stream:
+    """One request's outputs on their way to its reader, and whether the engine holds it paused."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.paused = False
+        self.taken = 0  # outputs the reader has taken
+        self.stall: Optional[asyncio.TimerHandle] = None
+
+
 class ZmqClient:
     def __init__(self, address: str, ctx: Optional[zmq.asyncio.Context] = None,
                  connect_timeout: Optional[float] = 30.0, watch_connection: bool = True,
                  api_key: Optional[str] = None, curve_server_key: Optional[str] = None,
                  curve_client_key: Optional[str] = None,
-                 configure: Optional[Callable[[zmq.Socket], None]] = None) -> None:
+                 configure: Optional[Callable[[zmq.Socket], None]] = None, backlog: int = 16,
+                 stall_timeout: float = 60.0) -> None:
         """``watch_connection=False``: the caller supervises the server itself (the embedded engine
         watches its child processes, and fails every stream with the exact cause). ``api_key``: sent
         with every message, for a server started with one. ``curve_server_key`` (the server's public
         certificate file) and ``curve_client_key`` (this client's key pair file): CurveZMQ (or
-        ``configure``: socket options set before connecting)."""
+        ``configure``: socket options set before connecting). ``backlog`` and ``stall_timeout``: flow
+        control (above; RuntimeConfig.stream_backlog and stream_stall_timeout)."""
         self.address = address
         self.api_key = api_key
         self._configure = configure
@@ -59,7 +76,8 @@ class ZmqClient:
         self._own_ctx = ctx is None
         self._ctx = ctx or zmq.asyncio.Context()
         self._channel: Optional[Channel] = None
-        self._streams: dict[str, asyncio.Queue] = {}
+        self._streams: dict[str, _Stream] = {}
+        self.backlog, self.stall_timeout = backlog, stall_timeout
         self._pings: dict[int, asyncio.Future] = {}
         self._nonces = itertools.count(1)
         self._receiver: Optional[asyncio.Task] = None
@@ -109,8 +127,8 @@ class ZmqClient:
                                 "during start-up, or was stopped)")
 
     def _fail_in_flight(self, exc: BaseException) -> None:
-        for queue in self._streams.values():
-            queue.put_nowait(exc)
+        for stream in self._streams.values():
+            stream.queue.put_nowait(exc)
         for fut in self._pings.values():
             if not fut.done():
                 fut.set_exception(exc)
@@ -123,9 +141,11 @@ class ZmqClient:
             self._connected.set()  # an answer proves the connection, whatever the monitor said
             message = envelope.message
             if isinstance(message, RequestOutputDelta):
-                queue = self._streams.get(message.request_id)
-                if queue is not None:
-                    queue.put_nowait(message)
+                stream = self._streams.get(message.request_id)
+                if stream is not None:
+                    stream.queue.put_nowait(message)
+                    if not stream.paused and not message.finished and stream.queue.qsize() >= self.backlog:
+                        await self._pause(message.request_id, stream, True)
             elif isinstance(message, (HealthPong, SleepStatus)):
                 fut = self._pings.pop(message.nonce, None)
                 if fut is not None and not fut.done():
@@ -135,7 +155,7 @@ class ZmqClient:
                 if not fut.done():
                     fut.set_exception(_error(message))
             elif isinstance(message, ErrorReply) and message.request_id in self._streams:
-                self._streams[message.request_id].put_nowait(_error(message))
+                self._streams[message.request_id].queue.put_nowait(_error(message))
             elif isinstance(message, ErrorReply) and message.kind == "AuthenticationError":
                 for fut in self._pings.values():  # a refused ping names no request
                     if not fut.done():
@@ -156,8 +176,7 @@ class ZmqClient:
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already streaming")
         text, ids = _split_prompt(prompt)
-        queue: asyncio.Queue = asyncio.Queue()
-        self._streams[request_id] = queue
+        self._streams[request_id] = stream = _Stream()
         output = RequestOutput(request_id, text, list(ids or []), [CompletionOutput(i) for i in range(params.n)])
         finished = False
         try:
@@ -167,15 +186,43 @@ class ZmqClient:
             except (OverflowError, TypeError) as exc:  # msgpack cannot carry it: no server can take it
                 raise ValueError(f"prompt_token_ids: {exc}") from None
             while not finished:
-                item = await self._next(queue)
+                item = await self._next(stream.queue)
+                stream.taken += 1
                 if isinstance(item, BaseException):
                     raise item
+                if stream.paused and stream.queue.qsize() <= self.backlog // 4:
+                    await self._pause(request_id, stream, False)
                 finished = _apply(output, item)
                 yield output
         finally:
             self._streams.pop(request_id, None)
+            if stream.stall is not None:
+                stream.stall.cancel()
             if not finished and self._dead is None and self._channel is not None:
                 await self._channel.send(AbortRequest(request_id, api_key=self.api_key))
+
+    async def _pause(self, request_id: str, stream: _Stream, paused: bool) -> None:
+        stream.paused = paused
+        if stream.stall is not None:
+            stream.stall.cancel()
+            stream.stall = None
+        if paused:
+            stream.stall = asyncio.get_running_loop().call_later(self.stall_timeout, self._check_stalled, request_id,
+                                                                 stream, stream.taken)
+        if self._dead is None and self._channel is not None:
+            await self._channel.send(PauseRequest(request_id, paused, api_key=self.api_key))
+
+    def _check_stalled(self, request_id: str, stream: _Stream, taken: int) -> None:
+        """A paused request's reader took nothing for stall_timeout: abort it (it ends with "abort", which
+        the reader sees if it ever reads again); one that took some waits another stall_timeout."""
+        stream.stall = None
+        if not stream.paused or self._streams.get(request_id) is not stream:
+            return
+        if stream.taken != taken:
+            stream.stall = asyncio.get_running_loop().call_later(self.stall_timeout, self._check_stalled, request_id,
+                                                                 stream, stream.taken)
+            return
+        asyncio.ensure_future(self.abort(request_id))
 
     async def _next(self, queue: asyncio.Queue):
         """The stream's next item; EngineStartError if no server is listening for connect_timeout s."""

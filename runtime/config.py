@@ -362,9 +362,14 @@ class RuntimeConfig:
     # a process beats while its loop turns or a step of it computes (runtime.liveness): a slow step is no hang
     hang_timeout: float = option(30.0, "seconds without a heartbeat (its loop not turning and nothing "
                                        "computing) after which a process of the engine is declared hung (dead)")
-    # a bigger ZMQ message gets the DEALER disconnected before anything is buffered
+    # a bigger ZMQ frame gets the DEALER disconnected before it is buffered (docs/protocol.md)
     max_request_body_bytes: int = option(4 << 20, "the largest HTTP request body, and the largest ZMQ message, a "
                                                   "client may send")
+    # flow control (runtime/client.py): a client that stops reading a stream holds no place in the batch
+    stream_backlog: int = option(16, "outputs of a request that its reader has not taken yet at which the "
+                                     "request is paused; it resumes once the reader has taken three quarters")
+    stream_stall_timeout: float = option(60.0, "seconds a paused request waits for its reader to take an "
+                                               "output before it is aborted")
     # With a key, every client message on the ZMQ socket must carry it (``api_key``); others get an error
     client_api_key: Optional[str] = option(None, cli=False)
     # CurveZMQ on the client socket: the server's key pair (a zmq.auth certificate file with the secret
@@ -388,7 +393,9 @@ class RuntimeConfig:
             raise ValueError(f"client_address must be ipc:// or tcp://, got {self.client_address!r}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ValueError(f"log_level must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {self.log_level!r}")
-        for name in ("start_timeout", "shutdown_timeout", "health_timeout", "hang_timeout"):
+        if self.stream_backlog < 2:
+            raise ValueError(f"stream_backlog must be >= 2, got {self.stream_backlog}")
+        for name in ("start_timeout", "shutdown_timeout", "health_timeout", "hang_timeout", "stream_stall_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.max_request_body_bytes < 1024:

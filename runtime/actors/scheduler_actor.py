@@ -38,7 +38,8 @@ from actorserve.runtime.model.tokenizer import encode
 from actorserve.runtime.transport.channel import Channel, Envelope
 from actorserve.runtime.transport.client_security import curve_server
 from actorserve.runtime.transport.messages import (PROTOCOL_VERSION, AbortRequest, AddRequest, ErrorReply, ExecuteBatch,
-                                                   HealthPing, HealthPong, RequestOutputDelta, RequestTimings,
+                                                   HealthPing, HealthPong, PauseRequest, RequestOutputDelta,
+                                                   RequestTimings,
                                                    SampleDelta, Shutdown, SleepRequest, SleepStatus,
                                                    SleepStatusRequest, StepResult, TokenLogprob, WakeUpRequest,
                                                    WorkerReady)
@@ -309,6 +310,14 @@ class SchedulerActor(Actor):
         update = self.core.abort_request(rid)
         if update is not None and rid in self._clients:
             await self._publish(update)
+
+    async def handle_pause_request(self, message: PauseRequest, envelope: Envelope) -> None:
+        """Flow control, like an abort the sending connection's own requests only."""
+        if not await self._authorized(message, envelope):
+            return
+        self.core.pause_request(_engine_id(envelope.origin, message.request_id), message.paused)
+        if not message.paused:
+            self._work.set()
 
     async def handle_health_ping(self, message: HealthPing, envelope: Envelope) -> None:
         if not await self._authorized(message, envelope):

@@ -210,6 +210,13 @@ class EngineCore:
         group.finish()
         return RequestUpdate(group.output, samples)
 
+    def pause_request(self, request_id: str, paused: bool) -> None:
+        """Flow control: a paused request is not scheduled (its blocks go back to the queue's turn) until it
+        is resumed; its client has fallen behind its outputs. An unknown id (finished, aborted) is ignored."""
+        group = self._groups.get(request_id)
+        for seq in group.sequences if group is not None else ():
+            seq.request.paused = paused
+
     def has_unfinished_requests(self) -> bool:
         return bool(self._groups)
 

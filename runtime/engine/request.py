@@ -39,6 +39,7 @@ class Request:
     wait_for: Optional["Request"] = None
     bad_words_token_ids: Optional[list[list[int]]] = None  # params.bad_words, tokenized by the engine
     grammar: Optional[Any] = None  # its structured outputs' state (runtime.engine.structured_outputs.GrammarState)
+    paused: bool = False  # its client is not taking its outputs: not scheduled until resumed (flow control)
 
     def token_slice(self, start: int, end: int) -> list[int]:
         """Tokens [start, end) of prompt + output, without building the whole list (this runs every step)."""

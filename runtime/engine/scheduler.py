@@ -5,7 +5,9 @@ while the token budget, ``max_num_seqs`` and free KV blocks allow. When blocks r
 request is preempted: its blocks are freed and it is recomputed later from its tokens. With speculative
 decoding a decode carries draft tokens (``runtime.engine.spec_decode``) where the budget and free blocks
 allow them without preempting anyone; the slots of the drafts the sampler rejects are given back when
-the step is answered.
+the step is answered. A paused request (``Request.paused``: its client stopped taking its outputs) is
+preempted at its next turn and left in the queue until resumed; the prefix cache keeps what it computed,
+while the blocks are not needed by others.
 """
 from __future__ import annotations
 
@@ -75,6 +77,10 @@ class Scheduler:
             if budget <= 0:
                 break
             if request.request_id in busy or request.status is not RequestStatus.RUNNING:
+                continue
+            if request.paused:  # its place in the batch goes to those whose clients read
+                self.running.remove(request)
+                self._preempt(request)
                 continue
             n = min(request.num_tokens - request.num_computed_tokens, budget)
             drafts = self._drafts(request, budget) if n == request.num_tokens - request.num_computed_tokens == 1 \
@@ -147,7 +153,8 @@ class Scheduler:
         skipped: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting.head()
-            if _blocked_on_sibling(request) or (request.grammar is not None and not request.grammar.ready()):
+            if request.paused or _blocked_on_sibling(request) or (request.grammar is not None
+                                                                   and not request.grammar.ready()):
                 skipped.append(self.waiting.popleft())  # (a grammar still compiling: the batch goes on)
                 continue
             # a prompt's logprobs come from computing it: a cached prefix would leave them out (as vLLM)

@@ -62,6 +62,15 @@ class AbortRequest(msgspec.Struct, tag="abort_request", frozen=True):
     api_key: Optional[str] = None
 
 
+class PauseRequest(msgspec.Struct, tag="pause_request", frozen=True):
+    """Flow control: a client that has fallen behind a request's outputs pauses it (``paused`` true) and
+    resumes it once it has caught up."""
+
+    request_id: str
+    paused: bool = True
+    api_key: Optional[str] = None
+
+
 class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
     token_id: int
     logprob: float
@@ -193,6 +202,6 @@ class Shutdown(msgspec.Struct, tag="shutdown", frozen=True):
     reason: str = ""
 
 
-Message = Union[AddRequest, AbortRequest, RequestOutputDelta, ErrorReply, HealthPing, HealthPong,
+Message = Union[AddRequest, AbortRequest, PauseRequest, RequestOutputDelta, ErrorReply, HealthPing, HealthPong,
                 SleepRequest, WakeUpRequest, SleepStatusRequest, SleepStatus,
                 ExecuteBatch, StepResult, WorkerReady, Shutdown]

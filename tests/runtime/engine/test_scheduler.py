@@ -185,3 +185,27 @@ def test_pipelined_batches_never_share_a_request(depth):
     for i, (p, n) in enumerate(zip(prompts, lengths)):
         assert outs[str(i)].outputs[0].token_ids == expected(p, n)
     assert engine.scheduler.num_preemptions > 0 and engine.num_free_blocks == 48
+
+
+def test_a_paused_request_gives_up_its_place_and_resumes_where_it_was():
+    """Flow control: paused (its reader fell behind), a request is preempted at its next turn and not
+    scheduled, others run on; resumed, it continues from its tokens, whole."""
+    engine, _ = make_engine(max_num_seqs=2)
+    slow, fast = list(range(1, 40)), list(range(100, 120))
+    engine.add_request("slow", slow, SamplingParams(max_tokens=30, ignore_eos=True, n=2))
+    for _ in range(3):
+        engine.step()
+    engine.pause_request("slow", True)
+    engine.add_request("fast", fast, SamplingParams(max_tokens=12, ignore_eos=True))
+    done = {}
+    while "fast" not in done:
+        for out in engine.step():
+            assert out.request_id == "fast", "a paused request was scheduled"
+            if out.finished:
+                done["fast"] = out
+    assert engine.schedule() is None and engine.scheduler.num_preemptions == 2  # both samples gave up their place
+    engine.pause_request("slow", False)
+    out = run(engine)["slow"]
+    assert [o.token_ids for o in out.outputs] == [expected(slow, 30)] * 2
+    assert done["fast"].outputs[0].token_ids == expected(fast, 12)
+    engine.pause_request("gone", True)  # an unknown (finished) id: nothing

@@ -15,6 +15,8 @@ EXAMPLES = [
     m.AddRequest("r1", m.WireSamplingParams(temperature=0.0, stop=["\n"], logit_bias={5: -1.0}), [1, 2, 3]),
     m.AddRequest("r2", m.WireSamplingParams(), prompt="hello"),
     m.AbortRequest("r1"),
+    m.PauseRequest("r1"),
+    m.PauseRequest("r1", False, api_key="k"),
     m.RequestOutputDelta("r1", [m.SampleDelta(0, [5, 6], "ab", [[m.TokenLogprob(5, -0.1, 1, "a")]], "stop", "x")],
                          True, [1, 2, 3], 16),
     m.RequestOutputDelta("r1", [], False, [1, 2], 0, [None, [m.TokenLogprob(2, -1.5, 3, "b"),
