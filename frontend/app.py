@@ -155,9 +155,21 @@ async def _serve(request: Request, serving, body):
         events = await _unless_disconnected(request, start)
         if events is None:
             return Response(status_code=499)
-        return StreamingResponse(events, media_type="text/event-stream")
+        return _EventStream(events, media_type="text/event-stream")
     result = await _unless_disconnected(request, asyncio.ensure_future(serving.create(body, request_id)))
     return Response(status_code=499) if result is None else result
+
+
+class _EventStream(StreamingResponse):
+    """Starlette's, closing its events when it ends however it ends: a client that leaves while the writer
+    waits for room (it stopped reading) cancels the writer, not the events, which would otherwise keep its
+    request in the engine until they were garbage-collected."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
 
 
 async def _unless_disconnected(request: Request, work: asyncio.Future):

@@ -18,8 +18,8 @@ from typing import Any, AsyncIterator, Callable, Optional, Sequence
 
 from actorserve.frontend.errors import RETRY_AFTER_S, APIError
 from actorserve.frontend.metrics import FrontendMetrics
-from actorserve.runtime.engine.beam_search import BeamSearch, BeamSearchParams
-from actorserve.runtime.engine.outputs import CompletionOutput, Logprob, RequestOutput
+from actorserve.runtime.engine.beam_search import BeamSearchParams
+from actorserve.runtime.engine.outputs import Logprob, RequestOutput
 from actorserve.runtime.engine.sampling_params import (RequestLimits, SamplingParams, truncate_prompt,
                                                        verify_prompt_text, verify_request)
 from actorserve.runtime.errors import EngineDeadError, EngineOverloadedError, EngineSleepingError
@@ -172,10 +172,8 @@ class ServingContext:
     async def stream(self, prompt: Prompt, params: SamplingParams | BeamSearchParams,
                      request_id: str) -> AsyncIterator[RequestOutput]:
         """The engine's cumulative outputs for one prompt, timed; engine refusals become 400s. With beam
-        search's params, one output at the end: its best sequences as the samples."""
-        if isinstance(params, BeamSearchParams):
-            yield await self._beam_search(prompt, params, request_id)
-            return
+        search's params, one output at the end (the engine runs the search): its best sequences as the
+        samples."""
         if self.log_requests:
             log.info("request %s: %d prompt tokens, %s", request_id, len(prompt.token_ids), _changed(params))
         if self.closing:
@@ -201,20 +199,6 @@ class ServingContext:
             self.in_flight.discard(request_id)
             if last is not None:
                 timer.finish(last)
-
-    async def _beam_search(self, prompt: Prompt, params: BeamSearchParams, request_id: str) -> RequestOutput:
-        """``use_beam_search``: LLM.beam_search's loop (runtime/engine/beam_search.py), each step's beams sent
-        as requests of their own, side by side."""
-        search = BeamSearch([prompt.token_ids], params, self.tokenizer.eos_token_id, self.max_model_len)
-        step = params.step_params()
-        while batch := search.pending():
-            outs = await asyncio.gather(*(self.final(Prompt(None, ids), step, f"{request_id}-beam{search.steps}-{k}")
-                                          for k, ids in enumerate(batch)))
-            search.advance([out.outputs[0].logprobs[0] for out in outs])
-        n = len(prompt.token_ids)
-        samples = [CompletionOutput(i, s.text, s.tokens[n:], s.cum_logprob, None, s.finish_reason, s.stop_reason)
-                   for i, s in enumerate(search.results(self.tokenizer.decode)[0].sequences)]
-        return RequestOutput(request_id, prompt.text, list(prompt.token_ids), samples, finished=True)
 
     async def final(self, prompt: Prompt, params: SamplingParams, request_id: str) -> RequestOutput:
         last = None
@@ -247,10 +231,11 @@ _DEFAULTS = SamplingParams()
 _LOGGED_CHARS = 300
 
 
-def _changed(params: SamplingParams) -> str:
-    """The fields a request set, for its log line, cut short (a request may carry kilobytes of them)."""
+def _changed(params: SamplingParams | BeamSearchParams) -> str:
+    """The fields a request set, for its log line, cut short (a request may carry kilobytes of them); all of
+    a beam search's."""
     fields = ", ".join(f"{f.name}={getattr(params, f.name)!r}" for f in dataclasses.fields(params)
-                       if getattr(params, f.name) != getattr(_DEFAULTS, f.name))
+                       if getattr(params, f.name) != getattr(_DEFAULTS, f.name, None))
     return f"params: {fields[:_LOGGED_CHARS]}{'...' if len(fields) > _LOGGED_CHARS else ''}"
 
 

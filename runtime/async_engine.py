@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Optional, Union
 
 import zmq.asyncio
 
 from actorserve.runtime.client import PromptInput, ZmqClient
 from actorserve.runtime.config import EngineConfig
+from actorserve.runtime.engine.beam_search import BeamSearchParams
 from actorserve.runtime.engine.outputs import RequestOutput
 from actorserve.runtime.engine.sampling_params import SamplingParams
 from actorserve.runtime.engine.sleep import check_level, check_tags
@@ -130,9 +131,10 @@ class AsyncEngine:
         await self._dead_event.wait()
         return self._dead
 
-    async def generate(self, prompt: PromptInput, sampling_params: Optional[SamplingParams] = None,
+    async def generate(self, prompt: PromptInput, sampling_params: Union[SamplingParams, BeamSearchParams, None] = None,
                        request_id: Optional[str] = None) -> AsyncIterator[RequestOutput]:
-        """Stream cumulative RequestOutputs; cancelling or leaving the loop aborts the request."""
+        """Stream cumulative RequestOutputs; cancelling or leaving the loop aborts the request. With
+        BeamSearchParams, one output at the search's end: its best sequences, best first."""
         if self._dead is not None:
             raise self._dead
         await self.start()

@@ -20,19 +20,21 @@ that stays paused ``stall_timeout`` seconds without its reader taking anything i
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import uuid
 from typing import AsyncIterator, Callable, Optional, Union
 
 import zmq.asyncio
 
+from actorserve.runtime.engine.beam_search import BeamSearchParams
 from actorserve.runtime.engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from actorserve.runtime.engine.sampling_params import SamplingParams
 from actorserve.runtime.errors import EngineDeadError, EngineOverloadedError, EngineSleepingError, EngineStartError
 from actorserve.runtime.transport.channel import Channel
 from actorserve.runtime.transport.messages import (AbortRequest, AddRequest, ErrorReply, HealthPing, HealthPong,
                                                    PauseRequest, RequestOutputDelta, SleepRequest, SleepStatus, SleepStatusRequest,
-                                                   WakeUpRequest, WireSamplingParams)
+                                                   WakeUpRequest, WireBeamSearchParams, WireSamplingParams)
 
 PromptInput = Union[str, list[int], dict]
 _HANDSHAKE_FAILED = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -166,9 +168,11 @@ class ZmqClient:
         self._dead = exc
         self._fail_in_flight(exc)
 
-    async def generate(self, prompt: PromptInput, params: Optional[SamplingParams] = None,
+    async def generate(self, prompt: PromptInput, params: Union[SamplingParams, BeamSearchParams, None] = None,
                        request_id: Optional[str] = None) -> AsyncIterator[RequestOutput]:
-        """Stream cumulative outputs of one request. A ValueError from the engine is raised here."""
+        """Stream cumulative outputs of one request. A ValueError from the engine is raised here. With
+        BeamSearchParams, the engine runs a beam search and answers once, at its end, with its best
+        sequences as the samples."""
         if self._dead is not None:
             raise self._dead
         params = params or SamplingParams()
@@ -181,7 +185,12 @@ class ZmqClient:
         finished = False
         try:
             try:
-                message = AddRequest(request_id, to_wire(params), ids, text, api_key=self.api_key)
+                if isinstance(params, BeamSearchParams):
+                    beams = WireBeamSearchParams(**dataclasses.asdict(params))
+                    message = AddRequest(request_id, WireSamplingParams(), ids, text, beam_search=beams,
+                                         api_key=self.api_key)
+                else:
+                    message = AddRequest(request_id, to_wire(params), ids, text, api_key=self.api_key)
                 await self._connect().send(message)
             except (OverflowError, TypeError) as exc:  # msgpack cannot carry it: no server can take it
                 raise ValueError(f"prompt_token_ids: {exc}") from None

@@ -69,6 +69,8 @@ class FlashInferBackend:
         self._workspace: dict[torch.device, torch.Tensor] = {}
         self._tensor_cores = False  # decode on tensor cores (set at the first plan, from the heads)
 
+    block_dim = 0
+
     @staticmethod
     def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
         return (num_blocks, block_size, num_kv_heads, head_dim)

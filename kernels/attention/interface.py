@@ -37,6 +37,8 @@ class AttentionBackend(Protocol):
     """A backend owns the cache layout and turns the step's metadata into its own plan once per step
     (``prepare``), which every layer's ``forward`` then reads."""
 
+    block_dim: int  # the dimension of ``kv_cache_shape`` that counts blocks (a block's copy selects along it)
+
     @staticmethod
     def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
         ...

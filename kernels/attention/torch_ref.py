@@ -65,6 +65,8 @@ class TorchRefBackend:
     def __init__(self, num_kv_heads: int, num_blocks: int, block_size: int) -> None:
         self.num_kv_heads, self.num_blocks, self.block_size = num_kv_heads, num_blocks, block_size
 
+    block_dim = 1
+
     @staticmethod
     def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
         return (num_kv_heads, num_blocks, block_size, head_dim)

@@ -149,6 +149,8 @@ class TritonAttentionBackend:
         return TritonPlan(static.slot_mapping[:size], static.block_tables[:size], static.token_seq[:size],
                           static.token_pos[:size])
 
+    block_dim = 1
+
     @staticmethod
     def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
         return (num_kv_heads, num_blocks, block_size, head_dim)

@@ -1,6 +1,6 @@
 """SchedulerActor: runs in the scheduler process and owns all request state.
 
-Receives AddRequest / AbortRequest / HealthPing (and sleep mode's SleepRequest / WakeUpRequest /
+Receives AddRequest / AbortRequest / PauseRequest / HealthPing (and sleep mode's SleepRequest / WakeUpRequest /
 SleepStatusRequest) from clients on its ROUTER socket, WorkerReady / StepResult / SleepStatus from the
 last worker stage on its PULL inbox, and Shutdown from the launcher alone, on a control socket in the
 launcher's private folder. Sends ExecuteBatch to the first stage,
@@ -28,6 +28,7 @@ from actorserve.runtime.actor import Actor
 from actorserve.runtime.actors.addresses import Addresses
 from actorserve.runtime.actors.sleep_control import SleepControl
 from actorserve.runtime.config import EngineConfig
+from actorserve.runtime.engine.beam_search import BeamSearchParams
 from actorserve.runtime.engine.core import EngineCore, ModelFacts
 from actorserve.runtime.engine.outputs import RequestUpdate
 from actorserve.runtime.engine.sampling_params import SamplingParams, verify_prompt_text
@@ -72,6 +73,7 @@ class SchedulerActor(Actor):
         self._peers: dict[int, set[bytes]] = {}  # client connection (fd) -> the identities seen on it
         self._closed: set[int] = set()  # connections (fds) the monitor saw close and no new one open since
         self._peer_watch: Optional[asyncio.Task] = None
+        self._monitor_now: Optional[zmq.Socket] = None
         self._security = None
         self.sleep_control: Optional[SleepControl] = None
         self._control_jobs: set[asyncio.Task] = set()  # sleep-mode jobs (SleepControl's), off the mailbox
@@ -89,6 +91,7 @@ class SchedulerActor(Actor):
             configure=self._security.configure if self._security is not None else None), listen=True)
         if tracked:
             self._peer_watch = asyncio.ensure_future(self._watch_peers(self.client.monitor))
+            self._monitor_now = zmq.Socket.shadow(self.client.monitor.underlying)  # its events, read at once
         self.channel(Channel(self.ctx, "pull", self.addresses.control, bind=True, name="control"), listen=True)
         inbox = self.channel(Channel(self.ctx, "pull", self.addresses.scheduler_in, bind=True, name="workers"))
         self.to_worker = self.channel(Channel(self.ctx, "push", self.addresses.worker_in, bind=False))
@@ -189,7 +192,12 @@ class SchedulerActor(Actor):
         try:
             if message.version != PROTOCOL_VERSION:
                 raise ValueError(f"protocol version {message.version} is not supported (this is {PROTOCOL_VERSION})")
-            params = SamplingParams(**msgspec.structs.asdict(message.params))
+            if message.beam_search is not None:
+                params = BeamSearchParams(**msgspec.structs.asdict(message.beam_search))
+                structured = None
+            else:
+                params = SamplingParams(**msgspec.structs.asdict(message.params))
+                structured = params.structured_outputs
             if rid in self._tokenizing:
                 raise ValueError(f"request_id {message.request_id!r} is already in use")
             if message.prompt_token_ids is None:
@@ -198,9 +206,9 @@ class SchedulerActor(Actor):
                 if self.tokenizer is None:
                     raise ValueError("prompt_token_ids are required: the engine runs without a tokenizer")
                 verify_prompt_text(message.prompt, self.core.facts.max_model_len, self._max_token_chars)
-            if message.prompt_token_ids is None or params.structured_outputs is not None:
-                if params.structured_outputs is not None:  # (a schema that does not parse: refused at once)
-                    self.core.structured.validate(params.structured_outputs)
+            if message.prompt_token_ids is None or structured is not None:
+                if structured is not None:  # (a schema that does not parse: refused at once)
+                    self.core.structured.validate(structured)
                 job = asyncio.ensure_future(self._prepare_then_add(rid, message, params, origin))
                 self._tokenizing[rid] = (job, params.n)
                 self._remember_peer(envelope)
@@ -228,8 +236,9 @@ class SchedulerActor(Actor):
         loop = asyncio.get_running_loop()
         try:
             compiling = None
-            if params.structured_outputs is not None:
-                compiling = asyncio.wrap_future(self.core.structured.prepare(params.structured_outputs))
+            structured = getattr(params, "structured_outputs", None)  # (a beam search has none)
+            if structured is not None:
+                compiling = asyncio.wrap_future(self.core.structured.prepare(structured))
             ids = message.prompt_token_ids
             if ids is None:
                 ids = await loop.run_in_executor(self._tokenizer_pool, encode, self.tokenizer, message.prompt)
@@ -247,27 +256,48 @@ class SchedulerActor(Actor):
 
     def _remember_peer(self, envelope: Envelope) -> None:
         """Note whose request this is; one whose connection already closed (the monitor's event came
-        first, since events and messages travel apart) is aborted at once."""
+        first, since events and messages travel apart) is aborted at once. The monitor's pending events
+        are taken first: a closed connection's descriptor may already serve a new one, whose requests must
+        not be filed under the old (libzmq reports a close before the descriptor can be reused)."""
         if envelope.peer is None:
             return
+        self._take_peer_events()
         self._peers.setdefault(envelope.peer, set()).add(envelope.origin)
         if envelope.peer in self._closed:
             self._abort_clients(self._peers.pop(envelope.peer))
 
     async def _watch_peers(self, monitor) -> None:
-        """A client whose connection closed gets nothing more: its requests are aborted."""
+        """A client whose connection closed gets nothing more: its requests are aborted. The events are read
+        by ``_take_peer_events`` alone, here and before a message is filed: an event read by this task but
+        not yet handled would come after a message that followed it."""
+        while True:
+            await monitor.poll(flags=zmq.POLLIN)
+            self._take_peer_events()
+
+    def _take_peer_events(self) -> set[int]:
+        """The monitor's pending events, taken now; returns the connections (fds) they closed."""
+        closed = set()
+        while True:
+            try:
+                fd, gone = self._on_peer_event(self._monitor_now.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                return closed
+            if gone:
+                closed.add(fd)
+
+    def _on_peer_event(self, frames: list[bytes]) -> tuple[int, bool]:
         from zmq.utils.monitor import parse_monitor_message
 
-        while True:
-            event = parse_monitor_message(await monitor.recv_multipart())
-            fd = int(event["value"])
-            identities = self._peers.pop(fd, set())
-            if event["event"] == zmq.EVENT_DISCONNECTED:
-                self._closed.add(fd)
-                if identities:
-                    self._abort_clients(identities)
-            else:  # a new connection on this descriptor
-                self._closed.discard(fd)
+        event = parse_monitor_message(frames)
+        fd = int(event["value"])
+        identities = self._peers.pop(fd, set())
+        if event["event"] == zmq.EVENT_DISCONNECTED:
+            self._closed.add(fd)
+            if identities:
+                self._abort_clients(identities)
+            return fd, True
+        self._closed.discard(fd)  # a new connection on this descriptor
+        return fd, False
 
     def _abort_clients(self, identities: set[bytes]) -> None:
         prefixes = tuple(f"{origin.hex()}/" for origin in identities)
@@ -388,12 +418,14 @@ class SchedulerActor(Actor):
 
     async def on_reject(self, envelope: Envelope, reason: str) -> None:
         log.warning("rejected a message: %s", reason)
+        if envelope.drop_peer and envelope.peer is not None:
+            # before the reply: once answered, the client may close, and its descriptor serve a new client
+            if envelope.peer not in self._take_peer_events():
+                log.warning("closing the connection that sent it; its requests are aborted")
+                self.client.disconnect(envelope.peer)
+            trim_heap()  # what libzmq buffered of the message
         if envelope.origin is not None:
             await self.client.send(ErrorReply("ProtocolError", reason), to=envelope.origin)
-        if envelope.drop_peer and envelope.peer is not None:
-            log.warning("closed the connection that sent it; its requests are aborted")
-            self.client.disconnect(envelope.peer)
-            trim_heap()  # what libzmq buffered of the message
 
 
 def _engine_id(origin: Optional[bytes], request_id: str) -> str:

@@ -59,6 +59,9 @@ class SchedulerOutput(msgspec.Struct, frozen=True):
     new_requests: list[NewRequest]
     chunks: list[ScheduledChunk]
     finished_request_ids: list[str]  # the worker drops its per-request sampling state for these
+    # (source, destination) KV blocks to copy in every layer before the step runs: a forked beam's own copy
+    # of its parent's last, partly filled block (copy-on-write)
+    block_copies: list[tuple[int, int]] = []
 
     @property
     def num_tokens(self) -> int:

@@ -2,8 +2,10 @@
 
 Each step asks the engine for one token of every live beam, with the ``2 * beam_width`` likeliest next
 tokens' logprobs. Every beam is then extended by each of those tokens; a candidate ending in EOS is set
-aside as finished, and the ``beam_width`` best of the rest go on. Each step resubmits whole sequences, so
-the prefix cache is what keeps it from recomputing them. At the end the finished and the live beams are
+aside as finished, and the ``beam_width`` best of the rest go on. Each step submits whole sequences, so
+the prefix cache is what keeps it from recomputing them: the engine core runs a served request's search
+(``EngineCore``, each step's beams in one batch), and ``LLM.beam_search`` drives its prompts' searches
+through ``generate``. At the end the finished and the live beams are
 ranked together by their score: the cumulative logprob over the length (prompt included, a final EOS
 not) to the power ``length_penalty``.
 
@@ -50,6 +52,11 @@ class BeamSearchParams:
                              f"(the exponent of the score's length), got {penalty!r}")
         # the step's own params check the temperature, as generation does
         self.step_params()
+
+    @property
+    def n(self) -> int:
+        """The samples a search answers with: its best beam_width sequences."""
+        return self.beam_width
 
     def step_params(self) -> SamplingParams:
         return SamplingParams(max_tokens=1, logprobs=2 * self.beam_width, temperature=self.temperature,

@@ -3,7 +3,12 @@
 Runs in the scheduler process (or in the caller's, for the offline API). The executor is anything with
 ``execute(SchedulerOutput) -> ModelRunnerOutput``: a local model runner, or the workers behind ZMQ.
 Stop conditions are decided here, where the tokens are: EOS, stop token ids, stop strings, max_tokens and
-the model's context length.
+the model's context length. Beam search runs here too (``BeamSearchParams``): one request whose every step
+is its live beams, one token further each, scheduled together in the step after the last one's results.
+A beam forks from its parent copy-on-write (``KVCacheManager.fork``): the parent's full blocks shared,
+its last, partly filled block copied by the worker, so each step computes one token a beam, a decode.
+Where blocks cannot be shared so (a sliding window, linear-attention states) or none is free for the
+copy, a beam is queued as a request of its own, whose prompt the prefix cache mostly serves.
 """
 from __future__ import annotations
 
@@ -11,9 +16,10 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass
-from typing import Optional, Protocol
+from typing import Optional, Protocol, Union
 
 from actorserve.runtime.config import EngineConfig
+from actorserve.runtime.engine.beam_search import BeamSearch, BeamSearchParams
 from actorserve.runtime.engine.batch import ModelRunnerOutput, PromptLogprobs, SchedulerOutput, TokenLogprobs
 from actorserve.runtime.engine.detokenizer import IncrementalDetokenizer
 from actorserve.runtime.engine.kv_cache_manager import KVCacheManager
@@ -81,6 +87,19 @@ class _Group:
                                              decode_time=now - first, inference_time=now - scheduled)
 
 
+class _BeamGroup(_Group):
+    """A beam search: ``sequences`` are its current step's beams, each a one-token request of its own."""
+
+    def __init__(self, output: RequestOutput, search: BeamSearch, step_params: SamplingParams, forks: bool) -> None:
+        super().__init__(output, [])
+        self.search = search
+        self.step_params = step_params
+        self.paused = False
+        self.forks = forks  # beams fork their parents' blocks (else each is queued on its own)
+        # the step's finished beams' block tables, held for their children: request id -> (table, computed)
+        self.held: dict[str, tuple[list, int]] = {}
+
+
 class EngineCore:
     def __init__(self, config: EngineConfig, executor: Executor, facts: ModelFacts, tokenizer=None) -> None:
         block_size = config.cache.block_size
@@ -120,6 +139,9 @@ class EngineCore:
         the waiting queue (computed again after wake-up, nothing lost), and cached prefixes are forgotten."""
         if self.num_in_flight:
             raise RuntimeError("sleep with a step in flight")
+        for group in self._groups.values():  # a beam's parent blocks will not survive: its children recompute
+            if isinstance(group, _BeamGroup):
+                self._release_held(group)
         self.scheduler.preempt_all()
         self.kv.pool.reset_cache()
         self.asleep = True
@@ -128,14 +150,17 @@ class EngineCore:
         self.asleep = False
 
     # -- requests -----------------------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    prompt: Optional[str] = None) -> None:
+    def add_request(self, request_id: str, prompt_token_ids: list[int],
+                    params: Union[SamplingParams, BeamSearchParams], prompt: Optional[str] = None) -> None:
         """Validate against the model and queue; raises ValueError (naming the field) without side effects."""
         if request_id in self._groups:
             raise ValueError(f"request_id {request_id!r} is already in use")
         if self.asleep and not self.config.runtime.sleep_queue_requests:
             raise EngineSleepingError("the engine is asleep (sleep mode): wake it up first, or start it with "
                                       "sleep_queue_requests to have requests wait")
+        if isinstance(params, BeamSearchParams):
+            self._add_beam_search(request_id, prompt_token_ids, params, prompt)
+            return
         truncated = truncate_prompt(prompt_token_ids, params.truncate_prompt_tokens, self.limits.max_model_len)
         if len(truncated) != len(prompt_token_ids):  # the text is then what is left of it
             prompt_token_ids = truncated
@@ -167,6 +192,61 @@ class EngineCore:
         self._groups[request_id] = group
         for seq in group.sequences:
             self.scheduler.add(seq.request)
+
+    def _add_beam_search(self, request_id: str, prompt_ids: list[int], params: BeamSearchParams,
+                         prompt: Optional[str]) -> None:
+        step = params.step_params()
+        verify_request(prompt_ids, step, self.limits, self.tokenizer is not None)
+        self._check_queue(params.beam_width)
+        output = RequestOutput(request_id, prompt, list(prompt_ids), [CompletionOutput(i)
+                                                                       for i in range(params.beam_width)])
+        forks = self.kv.sliding_window is None and not self.kv.num_state_slots
+        group = _BeamGroup(output, BeamSearch([list(prompt_ids)], params, self.facts.eos_token_id,
+                                              self.facts.max_model_len), step, forks)
+        self._groups[request_id] = group
+        self._next_beams(group)
+
+    def _next_beams(self, group: _BeamGroup) -> Optional[RequestUpdate]:
+        """Queue the search's next step, every live beam at once; at its end, the update with the best
+        sequences as the samples."""
+        parents = {}
+        for seq in group.sequences:
+            self._by_seq.pop(seq.request.request_id, None)
+            held = group.held.pop(seq.request.request_id, None)
+            if held is not None:
+                parents[tuple(seq.request.prompt_token_ids)] = held
+        group.sequences = []
+        search, rid = group.search, group.output.request_id
+        for k, ids in enumerate(search.pending()):
+            seq = self._new_sequence(f"{rid}~{search.steps}.{k}", ids, group.step_params, k)
+            seq.detok = None  # only the candidates' logprobs are read
+            seq.request.paused = group.paused
+            group.sequences.append(seq)
+            self._by_seq[seq.request.request_id] = (group, seq)
+            parent = parents.get(tuple(ids[:-1]))
+            copies = None if parent is None else self.kv.fork(seq.request, *parent)
+            if copies is None:
+                self.scheduler.add(seq.request)
+            else:
+                self.scheduler.add_forked(seq.request, copies)
+        for table, _ in parents.values():
+            self.kv.release(table)
+        if group.sequences:
+            return None
+        n = len(group.output.prompt_token_ids)
+        results = search.results(self.tokenizer.decode if self.tokenizer is not None else None)[0].sequences
+        group.output.outputs = [CompletionOutput(i, s.text or "", s.tokens[n:], s.cum_logprob, None, s.finish_reason,
+                                                 s.stop_reason) for i, s in enumerate(results)]
+        group.output.finished = True
+        group.finish()
+        del self._groups[rid]
+        return RequestUpdate(group.output, [SampleUpdate(o.index, o.token_ids, o.text, None, o.finish_reason,
+                                                         o.stop_reason) for o in group.output.outputs])
+
+    def _release_held(self, group: _BeamGroup) -> None:
+        for table, _ in group.held.values():
+            self.kv.release(table)
+        group.held.clear()
 
     def _check_queue(self, n: int) -> None:
         """``max_waiting_seqs``: n samples more than it are a ValueError (never admitted), and more than the
@@ -206,6 +286,11 @@ class EngineCore:
                 seq.output.finish_reason = "abort"
                 self.scheduler.finish(seq.request, RequestStatus.FINISHED_ABORTED)
                 samples.append(seq.take_update())
+        if isinstance(group, _BeamGroup):  # its samples are the search's, none of them done
+            self._release_held(group)
+            for out in group.output.outputs:
+                out.finish_reason = "abort"
+            samples = [SampleUpdate(o.index, [], "", None, "abort", None) for o in group.output.outputs]
         group.output.finished = True
         group.finish()
         return RequestUpdate(group.output, samples)
@@ -214,6 +299,8 @@ class EngineCore:
         """Flow control: a paused request is not scheduled (its blocks go back to the queue's turn) until it
         is resumed; its client has fallen behind its outputs. An unknown id (finished, aborted) is ignored."""
         group = self._groups.get(request_id)
+        if isinstance(group, _BeamGroup):
+            group.paused = paused
         for seq in group.sequences if group is not None else ():
             seq.request.paused = paused
 
@@ -256,6 +343,8 @@ class EngineCore:
                 self._fill_prompt_logprobs(found[0].output, prompt_logprobs)
         for request, tokens in self.scheduler.update(result.step, result.sampled):
             group, seq = self._by_seq[request.request_id]
+            if isinstance(group, _BeamGroup) and group.forks:  # its children will fork its blocks
+                group.held[request.request_id] = (self.kv.detach(request), request.num_computed_tokens)
             logprobs = result.logprobs.get(request.request_id)
             for j, token in enumerate(tokens):  # kept drafts, then the model's token: up to a stop
                 request.output_token_ids.append(token)
@@ -270,9 +359,18 @@ class EngineCore:
         updates = []
         now = None
         for request_id, (group, seqs) in changed.items():
-            group.output.num_cached_tokens = group.sequences[0].request.num_cached_tokens
             if group.first_token is None:
                 group.first_token = now = now or time.monotonic()
+            if isinstance(group, _BeamGroup):
+                if group.search.steps == 0:
+                    group.output.num_cached_tokens = group.sequences[0].request.num_cached_tokens
+                if all(s.output.finished() for s in group.sequences):  # the step's every beam: the next
+                    group.search.advance([s.output.logprobs[0] for s in group.sequences])
+                    update = self._next_beams(group)
+                    if update is not None:
+                        updates.append(update)
+                continue
+            group.output.num_cached_tokens = group.sequences[0].request.num_cached_tokens
             if all(s.output.finished() for s in group.sequences):
                 group.output.finished = True
                 group.finish()

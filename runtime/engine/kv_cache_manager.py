@@ -119,6 +119,38 @@ class KVCacheManager:
             self.pool.free(table[keep:])
             del table[keep:]
 
+    def detach(self, request: Request) -> list[Block]:
+        """The request's table, handed to the caller with its references (``fork`` then ``release``), as the
+        request leaves: its blocks stay as they are while the caller holds them."""
+        table = self._tables.pop(request.request_id, [])
+        self.free(request)
+        return table
+
+    def fork(self, child: Request, parent: list[Block], computed: int) -> Optional[list[tuple[int, int]]]:
+        """Give ``child`` the first ``computed`` tokens of a detached ``parent`` table, copy-on-write: the full
+        blocks shared, the last, partly filled one copied into a block of the child's own. Returns the
+        (source, destination) copies for the worker to make, or None when no block is free for the copy.
+        Only where no window slides (a table with dropped blocks is not shared)."""
+        full, partial = divmod(computed, self.block_size)
+        if partial and self.pool.num_free_blocks < 1:
+            return None
+        shared = parent[:full]
+        self.pool.touch(shared)
+        copies = []
+        table = list(shared)
+        if partial:
+            own = self.pool.allocate(1)[0]
+            copies.append((parent[full].block_id, own.block_id))
+            table.append(own)
+        self._tables[child.request_id] = table
+        self._num_published[child.request_id] = full
+        child.num_computed_tokens = computed
+        return copies
+
+    def release(self, table: list[Block]) -> None:
+        """Drop the references of a table ``detach`` handed out."""
+        self.pool.free(table)
+
     def free(self, request: Request) -> None:
         table = self._tables.pop(request.request_id, [])
         self.pool.free(table[self._num_dropped.pop(request.request_id, 0):])

@@ -39,12 +39,21 @@ class Scheduler:
         self.num_generation_tokens = 0
         self.proposer = make_proposer(config.speculative_config)
         self._draft_bitmasks: dict[str, bytes] = {}  # a constrained request's rows' bitmasks, from _drafts
+        self._block_copies: list[tuple[int, int]] = []  # forked requests' copy-on-write, for the next batch
         self.spec_stats = SpecDecodeStats(config.speculative_config)
 
     # -- admission and removal ---------------------------------------------------------------------------
     def add(self, request: Request) -> None:
         self.requests[request.request_id] = request
         self.waiting.append(request)
+
+    def add_forked(self, request: Request, block_copies: list[tuple[int, int]]) -> None:
+        """A request whose blocks ``KVCacheManager.fork`` gave it, computed up to its last token: it joins the
+        running batch at once, and the worker copies its blocks before the next step."""
+        self.requests[request.request_id] = request
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        self._block_copies += block_copies
 
     def finish(self, request: Request, status: RequestStatus) -> None:
         """Take a request out of the batch for good and free its blocks."""
@@ -197,10 +206,11 @@ class Scheduler:
                 sample=sample, num_draft=0 if proposed else len(drafts), propose=len(drafts) if proposed else 0,
                 grammar_bitmask=bitmask, state_slot=self.kv.state_slot(request.request_id),
             ))
-        finished = []
+        finished, copies = [], []
         if chunks:  # an empty batch is never sent: keep the news for the next one
             finished, self._finished_ids = self._finished_ids, []
-        return SchedulerOutput(self._step, new_requests, chunks, finished)
+            copies, self._block_copies = self._block_copies, []
+        return SchedulerOutput(self._step, new_requests, chunks, finished, copies)
 
     @property
     def num_in_flight(self) -> int:

@@ -136,6 +136,8 @@ class ModelRunner:
     def execute(self, batch: SchedulerOutput, hidden_in: Optional[torch.Tensor] = None):
         """The sampled tokens (a ModelRunnerOutput) on the last stage; elsewhere the hidden states that
         the next stage takes as ``hidden_in``."""
+        for _, runner in self.runners():
+            runner.copy_blocks(batch.block_copies)
         if not self.is_last_stage:
             return self.run_layers(self.prepare_inputs(batch), hidden_in)
         self._update_states(batch)
@@ -165,6 +167,21 @@ class ModelRunner:
             logprobs={rid: lp for rid, lp in zip(inputs.sample_ids, logprobs) if lp and lp[0] is not None},
             prompt_logprobs=prompt_logprobs,
         )
+
+    @torch.inference_mode()
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy-on-write of forked beams: each source block into its destination in every softmax-attention
+        layer's pools (a linear-attention layer's state is a request's own, not a block's)."""
+        if not pairs:
+            return
+        src = torch.tensor([s for s, _ in pairs], device=self.device)
+        dst = torch.tensor([d for _, d in pairs], device=self.device)
+        dim = self.backend.block_dim
+        for cache in self.kv_caches:
+            if isinstance(cache, LinearLayerState):
+                continue
+            for pool in {id(t): t for t in cache}.values():  # (MLA's latent pool is K and V at once)
+                pool.index_copy_(dim, dst, pool.index_select(dim, src))
 
     @torch.inference_mode()
     def _logits(self, hidden: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:

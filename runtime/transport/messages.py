@@ -9,11 +9,14 @@ Structs are frozen and decoded by type; nothing is pickled. A new message means 
 """
 from __future__ import annotations
 
+import dataclasses
+import typing
 from typing import Any, Optional, Union
 
 import msgspec
 
 from actorserve.runtime.engine.batch import ModelRunnerOutput, SchedulerOutput
+from actorserve.runtime.engine.beam_search import BeamSearchParams
 
 PROTOCOL_VERSION = 1
 
@@ -48,11 +51,26 @@ class WireSamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid
     structured_outputs: Optional[dict[str, Any]] = None
 
 
+def _wire_shape(name: str, cls) -> type:
+    """A dataclass's fields as a wire Struct, derived (not a copy that could drift): types checked when
+    decoded, an unknown field refused; the dataclass checks the ranges when the receiver builds it."""
+    hints = typing.get_type_hints(cls)
+    fields = [(f.name, hints[f.name]) if f.default is dataclasses.MISSING else (f.name, hints[f.name], f.default)
+              for f in dataclasses.fields(cls)]
+    return msgspec.defstruct(name, fields, frozen=True, omit_defaults=True, forbid_unknown_fields=True,
+                             module=__name__)
+
+
+# BeamSearchParams as a client sends them
+WireBeamSearchParams = _wire_shape("WireBeamSearchParams", BeamSearchParams)
+
+
 class AddRequest(msgspec.Struct, tag="add_request", frozen=True):
     request_id: str
     params: WireSamplingParams
     prompt_token_ids: Optional[list[int]] = None
     prompt: Optional[str] = None  # tokenized by the receiver when no ids are given
+    beam_search: Optional[WireBeamSearchParams] = None  # a beam search instead of sampling (params unused)
     version: int = PROTOCOL_VERSION
     api_key: Optional[str] = None  # required when the server has one (docs/protocol.md)
 

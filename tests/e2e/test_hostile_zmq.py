@@ -243,3 +243,22 @@ def test_a_message_past_the_frame_or_size_limit_closes_its_connection(ctx, serve
     bulky.close()
     watcher.close()
     bounded.check(f"a message of {frames} frames")
+
+
+def test_a_beam_search_over_zmq_is_one_request_answered_once(bad, bounded):
+    """``beam_search`` in add_request (docs/protocol.md): the engine runs the search and answers once with the
+    best sequences; out-of-range values are a ValueError naming the field, as over HTTP."""
+    bad.send(pack({"type": "add_request", "request_id": "beams", "prompt": "The capital of France is", "params": {},
+                   "beam_search": {"beam_width": 3, "max_tokens": 5, "ignore_eos": True}}))
+    reply = unpack(bad.recv_multipart()[0])
+    assert reply["type"] == "request_output" and reply["finished"], reply
+    assert [s["index"] for s in reply["samples"]] == [0, 1, 2]
+    assert all(len(s["token_ids"]) == 5 and s["finish_reason"] == "length" for s in reply["samples"])
+    assert len({tuple(s["token_ids"]) for s in reply["samples"]}) == 3  # three different beams
+    for beams, field in (({"beam_width": 11, "max_tokens": 2}, "beam_width"),
+                         ({"beam_width": 2, "max_tokens": 2, "length_penalty": 1e308}, "length_penalty")):
+        bad.send(pack({"type": "add_request", "request_id": "no", "prompt": "hi", "params": {}, "beam_search": beams}))
+        reply = unpack(bad.recv_multipart()[0])
+        assert reply["type"] == "error" and reply["kind"] == "ValueError" and field in reply["message"], reply
+        assert reply["request_id"] == "no"
+    bounded.check("a beam search")

@@ -1,8 +1,9 @@
 """Flow control, from outside: streams whose clients never read are paused once their buffers fill (the
 connection's kernel buffers, then --stream-backlog outputs), so they hold no place in the batch and a normal
 request answers within twice its unloaded time; a paused stream whose client comes back to read resumes and
-finishes whole; one whose client never does is aborted after --stream-stall-timeout; and SIGTERM still
-stops the server, its never-read connections cut."""
+finishes whole; one whose client leaves is aborted at once; one whose client stays and never reads is
+aborted after --stream-stall-timeout; and SIGTERM still stops the server, its never-read connections cut.
+(The test's small buffers only make the streams pause sooner.)"""
 from __future__ import annotations
 
 import json
@@ -86,6 +87,12 @@ def test_never_read_streams_are_paused_then_dropped_and_do_not_slow_others():
                 tokens[choice["index"]] += len(choice["logprobs"]["tokens"]) if choice.get("logprobs") else 0
                 finish[choice["index"]] = choice.get("finish_reason") or finish.get(choice["index"])
         assert tokens == {i: MAX_TOKENS for i in range(4)} and set(finish.values()) == {"length"}, (tokens, finish)
+
+        socks.pop().close()  # a client that leaves: its paused request is aborted at once, not at the stall timeout
+        left = time.monotonic()
+        while _gauges(server)[1] > 4 * (STREAMS - 2):
+            assert time.monotonic() - left < 3, f"a paused request outlived its client: {_gauges(server)}"
+            time.sleep(0.2)
 
         while _gauges(server)[1] > 0:  # the others, never read: aborted after the stall timeout
             assert time.monotonic() - paused_at < STALL_S + 30, f"paused requests never dropped: {_gauges(server)}"

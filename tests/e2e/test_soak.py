@@ -1,5 +1,6 @@
 """Acceptance (issue: any input, any fault): a soak of mixed good and bad HTTP and ZMQ traffic from 32
-concurrent clients, with random disconnects and one worker SIGKILL (after which the test restarts the
+concurrent clients, with random disconnects and ZMQ messages of too many frames, two more clients whose
+streams are never read, and one worker SIGKILL (after which the test restarts the
 server on the same ports). Nothing is lost that was not refused: every good request completes with
 the right text, or fails with an explicit error while the engine is down; no 500, no hang. Resident
 memory stays flat, and at the end the engine holds no request and no KV block.
@@ -28,7 +29,7 @@ import zmq
 from tests.e2e.server import API_KEY, Server, free_port, http
 
 DURATION = float(os.environ.get("ACTORSERVE_SOAK_S", "60"))
-HTTP_CLIENTS, ZMQ_CLIENTS = 24, 8
+HTTP_CLIENTS, ZMQ_CLIENTS, UNREAD_CLIENTS = 24, 8, 2
 PROMPTS = ["The capital of France is", "1, 2, 3, 4,", "Water is made of", "The opposite of hot is"]
 AUTH = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
 pack, unpack = msgspec.msgpack.encode, msgspec.msgpack.decode
@@ -131,6 +132,23 @@ def http_client(port: int, expected: dict, tally: Tally, until: float, seed: int
             time.sleep(0.2)
 
 
+def unread_client(port: int, tally: Tally, until: float, seed: int) -> None:
+    """Streams of n 4 with 20 logprobs a token that their client never reads: each is held open 40-60 s (its
+    request paused once the buffers fill), then dropped."""
+    rng = random.Random(seed)
+    while time.monotonic() < until:
+        started = time.monotonic()
+        try:
+            conn, _ = completion(port, {"prompt": rng.choice(PROMPTS), "max_tokens": 300, "ignore_eos": True,
+                                        "stream": True, "n": 4, "logprobs": 20})
+            time.sleep(min(rng.uniform(40, 60), max(0.0, until - time.monotonic())))
+            conn.close()
+            tally.add("http unread stream")
+        except (ConnectionError, socket.timeout, OSError) as exc:
+            tally.failed("http unread", started, repr(exc))
+            time.sleep(0.2)
+
+
 def zmq_client(ctx, address: str, expected: dict, tally: Tally, until: float, seed: int) -> None:
     rng = random.Random(seed)
     sock = None
@@ -142,7 +160,7 @@ def zmq_client(ctx, address: str, expected: dict, tally: Tally, until: float, se
             sock.setsockopt(zmq.RCVTIMEO, 20_000)
             sock.connect(address)
         started = time.monotonic()
-        kind = rng.choices(["good", "bad", "disconnect"], [5, 3, 1])[0]
+        kind = rng.choices(["good", "bad", "disconnect", "frames"], [5, 3, 1, 1])[0]
         n += 1
         try:
             if kind == "bad":
@@ -166,6 +184,13 @@ def zmq_client(ctx, address: str, expected: dict, tally: Tally, until: float, se
                     tally.add("zmq good: right")
                 else:
                     tally.lost.append(f"zmq good: {text!r} for {prompt!r}")
+            elif kind == "frames":  # more frames than a client message has: refused, and the connection closed
+                sock.send_multipart([pack({"type": "health_ping", "nonce": 1})] + [b"\0" * (64 << 10)] * 63)
+                reply = unpack(sock.recv_multipart()[0])
+                assert reply["type"] == "error" and reply["kind"] == "ProtocolError", reply
+                sock.close()
+                sock = None
+                tally.add("zmq frames: refused")
             else:
                 sock.send(pack({"type": "add_request", "request_id": f"d{n}", "prompt": "Once upon",
                                 "params": {"max_tokens": 300, "ignore_eos": True}}))
@@ -202,6 +227,8 @@ def test_soak():
                for i in range(HTTP_CLIENTS)]
     threads += [threading.Thread(target=zmq_client, args=(ctx, address, expected, tally, until, 100 + i))
                 for i in range(ZMQ_CLIENTS)]
+    threads += [threading.Thread(target=unread_client, args=(port, tally, until, 200 + i))
+                for i in range(UNREAD_CLIENTS)]
     for t in threads:
         t.start()
     samples: list[list[dict]] = [[]]

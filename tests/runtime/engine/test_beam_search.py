@@ -87,3 +87,43 @@ def test_advance_refuses_a_result_count_that_does_not_match():
     search = BeamSearch([[1]], BeamSearchParams(beam_width=1, max_tokens=2), EOS, 100)
     with pytest.raises(ValueError, match="2 results for 1 beams"):
         search.advance([step(t5=-0.1), step(t6=-0.1)])
+
+
+def _engine_search(llm, request_id, ids, params, abort_after=None):
+    """A served request's beam search: the engine core runs it (one request); returns its final output and
+    the engine steps it took."""
+    core = llm.engine
+    core.add_request(request_id, ids, params)
+    steps = 0
+    while core.has_unfinished_requests():
+        steps += 1
+        if steps == abort_after:
+            return core.abort_request(request_id), steps
+        for out in core.step():
+            if out.finished:
+                return out, steps
+    raise AssertionError("the search never finished")
+
+
+@pytest.mark.parametrize("width,ignore_eos,penalty", [(4, True, 1.0), (3, False, 0.5)])
+def test_the_engine_s_search_is_llm_beam_search_with_every_step_s_beams_in_one_batch(smollm, width, ignore_eos,
+                                                                                     penalty):
+    ids = smollm.get_tokenizer().encode("The capital of France is")
+    params = BeamSearchParams(beam_width=width, max_tokens=10, ignore_eos=ignore_eos, length_penalty=penalty)
+    want = smollm.beam_search([{"prompt_token_ids": ids}], params)[0].sequences
+    out, steps = _engine_search(smollm, "beams", ids, params)
+    assert [o.token_ids for o in out.outputs] == [s.tokens[len(ids):] for s in want]
+    assert [o.text for o in out.outputs] == [s.text for s in want]
+    assert [o.finish_reason for o in out.outputs] == [s.finish_reason for s in want]
+    assert [o.cumulative_logprob for o in out.outputs] == pytest.approx([s.cum_logprob for s in want], abs=1e-3)
+    assert steps <= params.max_tokens  # each step's beams ran together, one engine step a token
+    assert out.prompt_token_ids == ids and out.metrics is not None
+
+
+def test_an_aborted_search_frees_every_block(smollm):
+    core = smollm.engine
+    free = core.num_free_blocks
+    ids = smollm.get_tokenizer().encode("Once upon a time")
+    update, _ = _engine_search(smollm, "gone", ids, BeamSearchParams(beam_width=4, max_tokens=50), abort_after=5)
+    assert update.output.finished and [s.finish_reason for s in update.samples] == ["abort"] * 4
+    assert not core.has_unfinished_requests() and core.num_free_blocks == free

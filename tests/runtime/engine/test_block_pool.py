@@ -112,3 +112,45 @@ def test_without_a_window_nothing_is_given_back():
     a = _req("a", range(30))
     _compute(kv, a, 30)
     assert kv.null_block is None and kv.pool.num_free_blocks == 10 - 8
+
+
+def test_a_fork_shares_the_parent_s_full_blocks_and_copies_its_partial_one():
+    kv = KVCacheManager(num_blocks=8, block_size=4)
+    parent = _req("p", range(10))
+    assert kv.allocate(parent, 10)
+    parent.num_computed_tokens = 10
+    kv.publish_full_blocks(parent)
+    ids = kv.block_ids("p")
+    table = kv.detach(parent)  # the parent leaves; its blocks stay, held for the children
+    assert kv.block_ids("p") == [] and kv.pool.num_free_blocks == 5
+    children = [_req(f"c{k}", list(range(10)) + [100 + k]) for k in range(2)]
+    copies = [kv.fork(child, table, 10) for child in children]
+    for child, copy in zip(children, copies):
+        own = kv.block_ids(child.request_id)
+        assert own[:2] == ids[:2] and own[2] not in ids  # full blocks shared, the third copied
+        assert copy == [(ids[2], own[2])] and child.num_computed_tokens == 10
+    kv.release(table)
+    assert kv.pool.num_free_blocks == 4  # two shared full blocks and the two copies are the children's
+    assert all(kv.allocate(child, 1) for child in children)  # the new token fits the copied block
+    for child in children:
+        kv.free(child)
+    assert kv.pool.num_free_blocks == 8
+
+
+def test_a_fork_at_a_block_boundary_copies_nothing_and_one_without_a_free_block_fails():
+    kv = KVCacheManager(num_blocks=3, block_size=4)
+    parent = _req("p", range(8))
+    assert kv.allocate(parent, 8)
+    parent.num_computed_tokens = 8
+    table = kv.detach(parent)
+    child = _req("a", list(range(8)) + [1])
+    assert kv.fork(child, table, 8) == []  # the new token starts a block
+    kv.release(table)
+    kv.free(child)
+    parent = _req("q", range(9))
+    assert kv.allocate(parent, 9)
+    parent.num_computed_tokens = 9
+    table = kv.detach(parent)
+    assert kv.pool.num_free_blocks == 0
+    assert kv.fork(_req("b", list(range(9)) + [1]), table, 9) is None  # no block for the copy
+    kv.release(table)

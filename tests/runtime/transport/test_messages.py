@@ -14,6 +14,7 @@ SPEC = SamplingSpec(0.7, 0.9, 5, 0.0, 3, 0.0, 0.1, 1.1, {3: 1.5}, 2, [7], 2, 4)
 EXAMPLES = [
     m.AddRequest("r1", m.WireSamplingParams(temperature=0.0, stop=["\n"], logit_bias={5: -1.0}), [1, 2, 3]),
     m.AddRequest("r2", m.WireSamplingParams(), prompt="hello"),
+    m.AddRequest("r3", m.WireSamplingParams(), [1, 2], beam_search=m.WireBeamSearchParams(4, 32, length_penalty=0.5)),
     m.AbortRequest("r1"),
     m.PauseRequest("r1"),
     m.PauseRequest("r1", False, api_key="k"),
