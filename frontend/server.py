@@ -42,8 +42,9 @@ class HttpLimits:
     chat_template_memory: int = 512 << 20  # bytes that render may allocate; more is a 400
     # each connection's kernel send buffer (SO_SNDBUF): what a client that stops reading takes before the
     # server's writer blocks and flow control pauses its request (runtime/client.py); it also bounds a
-    # response's rate to twice this over the round trip (1.3 MB/s at 100 ms)
-    send_buffer_bytes: int = 64 << 10
+    # response's rate to twice this a round trip: 320 KB/s at 100 ms, a token stream's needs many times over;
+    # raise it for large responses to far clients
+    send_buffer_bytes: int = 16 << 10
 
     def validate(self) -> "HttpLimits":
         for f in dataclasses.fields(self):

@@ -56,7 +56,7 @@ class ZmqClient:
                  connect_timeout: Optional[float] = 30.0, watch_connection: bool = True,
                  api_key: Optional[str] = None, curve_server_key: Optional[str] = None,
                  curve_client_key: Optional[str] = None,
-                 configure: Optional[Callable[[zmq.Socket], None]] = None, backlog: int = 16,
+                 configure: Optional[Callable[[zmq.Socket], None]] = None, backlog: int = 8,
                  stall_timeout: float = 60.0) -> None:
         """``watch_connection=False``: the caller supervises the server itself (the embedded engine
         watches its child processes, and fails every stream with the exact cause). ``api_key``: sent

@@ -366,7 +366,7 @@ class RuntimeConfig:
     max_request_body_bytes: int = option(4 << 20, "the largest HTTP request body, and the largest ZMQ message, a "
                                                   "client may send")
     # flow control (runtime/client.py): a client that stops reading a stream holds no place in the batch
-    stream_backlog: int = option(16, "outputs of a request that its reader has not taken yet at which the "
+    stream_backlog: int = option(8, "outputs of a request that its reader has not taken yet at which the "
                                      "request is paused; it resumes once the reader has taken three quarters")
     stream_stall_timeout: float = option(60.0, "seconds a paused request waits for its reader to take an "
                                                "output before it is aborted")
