@@ -33,8 +33,9 @@ from actorserve.runtime.engine.sampling_params import SamplingParams
 from actorserve.runtime.errors import EngineDeadError, EngineOverloadedError, EngineSleepingError, EngineStartError
 from actorserve.runtime.transport.channel import Channel
 from actorserve.runtime.transport.messages import (AbortRequest, AddRequest, ErrorReply, HealthPing, HealthPong,
-                                                   PauseRequest, RequestOutputDelta, SleepRequest, SleepStatus, SleepStatusRequest,
-                                                   WakeUpRequest, WireBeamSearchParams, WireSamplingParams)
+                                                   PauseRequest, RequestOutputDelta, SleepRequest, SleepStatus,
+                                                   SleepStatusRequest, WakeUpRequest, WireBeamSearchParams,
+                                                   WireSamplingParams)
 
 PromptInput = Union[str, list[int], dict]
 _HANDSHAKE_FAILED = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL

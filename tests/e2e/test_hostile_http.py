@@ -271,9 +271,9 @@ def test_a_requests_own_chat_template_is_refused_without_the_opt_in(server, boun
     bounded.check("a request's own chat template")
 
 
-BOMBS = [("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", ("within 1 s",)),
+BOMBS = [("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", ("within 2 s",)),
          ("{% set a = [0] * 5000 %}{% for i in a %}{{ a|join(',') }}{% endfor %}",  # (50 MB: either, here)
-          ("within 1 s", "more than the prompt may hold")),
+          ("within 2 s", "more than the prompt may hold")),
          ("{{ 'x ' * 25000000 }}", ("more than the prompt may hold",)),
          ("{% set a = 'x' * 100000000 %}{{ (a ~ a ~ a ~ a ~ a ~ a ~ a ~ a)|length }}", ("MiB of memory",))]
 
@@ -282,7 +282,8 @@ BOMBS = [("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{
 def test_a_trusted_template_renders_within_its_budget_and_others_keep_being_served():
     """With the opt-in, every render still runs in its own process within --chat-template-seconds and
     --chat-template-memory, and its text within the prompt's length, before anything is tokenized."""
-    s = Server("--trust-request-chat-template", "--chat-template-seconds", "1", "--chat-template-memory",
+    # (2 s: time enough, on a loaded host, for the bombs that the memory or length bound stops first)
+    s = Server("--trust-request-chat-template", "--chat-template-seconds", "2", "--chat-template-memory",
                str(256 << 20))
     try:
         idle = s.rss()
@@ -292,7 +293,7 @@ def test_a_trusted_template_renders_within_its_budget_and_others_keep_being_serv
                                                  "chat_template": template})
             assert_error(r, 400, "messages")
             assert any(w in r.json()["error"]["message"] for w in words), r.text
-            assert time.monotonic() - start < 3.0, template
+            assert time.monotonic() - start < 4.0, template
             r = post(s, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
             assert r.status_code == 200, r.text
         r = post(s, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
