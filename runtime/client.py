@@ -49,7 +49,8 @@ class _Stream:
         self.queue: asyncio.Queue = asyncio.Queue()
         self.paused = False
         self.taken = 0  # outputs the reader has taken
-        self.stall: Optional[asyncio.TimerHandle] = None
+        self.stall: Optional[asyncio.TimerHandle] = None  # the check that its reader still takes outputs
+        self.aborting: Optional[asyncio.Task] = None  # its abort, once its reader stalled (held till it is sent)
 
 
 class ZmqClient:
@@ -217,10 +218,13 @@ class ZmqClient:
             stream.stall.cancel()
             stream.stall = None
         if paused:
-            stream.stall = asyncio.get_running_loop().call_later(self.stall_timeout, self._check_stalled, request_id,
-                                                                 stream, stream.taken)
+            self._watch_stall(request_id, stream)
         if self._dead is None and self._channel is not None:
             await self._channel.send(PauseRequest(request_id, paused, api_key=self.api_key))
+
+    def _watch_stall(self, request_id: str, stream: _Stream) -> None:
+        stream.stall = asyncio.get_running_loop().call_later(self.stall_timeout, self._check_stalled, request_id,
+                                                             stream, stream.taken)
 
     def _check_stalled(self, request_id: str, stream: _Stream, taken: int) -> None:
         """A paused request's reader took nothing for stall_timeout: abort it (it ends with "abort", which
@@ -229,10 +233,9 @@ class ZmqClient:
         if not stream.paused or self._streams.get(request_id) is not stream:
             return
         if stream.taken != taken:
-            stream.stall = asyncio.get_running_loop().call_later(self.stall_timeout, self._check_stalled, request_id,
-                                                                 stream, stream.taken)
+            self._watch_stall(request_id, stream)
             return
-        asyncio.ensure_future(self.abort(request_id))
+        stream.aborting = asyncio.ensure_future(self.abort(request_id))
 
     async def _next(self, queue: asyncio.Queue):
         """The stream's next item; EngineStartError if no server is listening for connect_timeout s."""

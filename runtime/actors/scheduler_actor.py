@@ -31,7 +31,7 @@ from actorserve.runtime.config import EngineConfig
 from actorserve.runtime.engine.beam_search import BeamSearchParams
 from actorserve.runtime.engine.core import EngineCore, ModelFacts
 from actorserve.runtime.engine.outputs import RequestUpdate
-from actorserve.runtime.engine.sampling_params import SamplingParams, verify_prompt_text
+from actorserve.runtime.engine.sampling_params import SamplingParams, StructuredOutputsParams, verify_prompt_text
 from actorserve.runtime.engine.stats import StatsLine
 from actorserve.runtime.errors import EngineOverloadedError, EngineSleepingError
 from actorserve.runtime.heap import trim_heap
@@ -209,7 +209,7 @@ class SchedulerActor(Actor):
             if message.prompt_token_ids is None or structured is not None:
                 if structured is not None:  # (a schema that does not parse: refused at once)
                     self.core.structured.validate(structured)
-                job = asyncio.ensure_future(self._prepare_then_add(rid, message, params, origin))
+                job = asyncio.ensure_future(self._prepare_then_add(rid, message, params, structured, origin))
                 self._tokenizing[rid] = (job, params.n)
                 self._remember_peer(envelope)
                 return
@@ -230,13 +230,14 @@ class SchedulerActor(Actor):
         self._clients[rid] = (origin, message.request_id)
         self._work.set()
 
-    async def _prepare_then_add(self, rid: str, message: AddRequest, params: SamplingParams, origin) -> None:
-        """Tokenize on the pool's thread and compile the request's grammar on the grammar thread (within its
-        budget: one past it refuses the request), then admit; an abort meanwhile cancels this."""
+    async def _prepare_then_add(self, rid: str, message: AddRequest, params: SamplingParams | BeamSearchParams,
+                                structured: Optional[StructuredOutputsParams], origin) -> None:
+        """Tokenize on the pool's thread and compile the request's grammar (``structured``, its params') on
+        the grammar thread (within its budget: one past it refuses the request), then admit; an abort
+        meanwhile cancels this."""
         loop = asyncio.get_running_loop()
         try:
             compiling = None
-            structured = getattr(params, "structured_outputs", None)  # (a beam search has none)
             if structured is not None:
                 compiling = asyncio.wrap_future(self.core.structured.prepare(structured))
             ids = message.prompt_token_ids

@@ -117,9 +117,7 @@ def test_without_a_window_nothing_is_given_back():
 def test_a_fork_shares_the_parent_s_full_blocks_and_copies_its_partial_one():
     kv = KVCacheManager(num_blocks=8, block_size=4)
     parent = _req("p", range(10))
-    assert kv.allocate(parent, 10)
-    parent.num_computed_tokens = 10
-    kv.publish_full_blocks(parent)
+    _compute(kv, parent, 10)
     ids = kv.block_ids("p")
     table = kv.detach(parent)  # the parent leaves; its blocks stay, held for the children
     assert kv.block_ids("p") == [] and kv.pool.num_free_blocks == 5
@@ -140,16 +138,14 @@ def test_a_fork_shares_the_parent_s_full_blocks_and_copies_its_partial_one():
 def test_a_fork_at_a_block_boundary_copies_nothing_and_one_without_a_free_block_fails():
     kv = KVCacheManager(num_blocks=3, block_size=4)
     parent = _req("p", range(8))
-    assert kv.allocate(parent, 8)
-    parent.num_computed_tokens = 8
+    _compute(kv, parent, 8)
     table = kv.detach(parent)
     child = _req("a", list(range(8)) + [1])
     assert kv.fork(child, table, 8) == []  # the new token starts a block
     kv.release(table)
     kv.free(child)
     parent = _req("q", range(9))
-    assert kv.allocate(parent, 9)
-    parent.num_computed_tokens = 9
+    _compute(kv, parent, 9)
     table = kv.detach(parent)
     assert kv.pool.num_free_blocks == 0
     assert kv.fork(_req("b", list(range(9)) + [1]), table, 9) is None  # no block for the copy
