@@ -70,14 +70,17 @@ async def _respond(send, status: int, message: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def header_timeout_protocol(timeout: float) -> type:
-    """An H11Protocol whose every request must have its head complete within ``timeout`` seconds."""
+def header_timeout_protocol(timeout: float, write_buffer_bytes: int) -> type:
+    """An H11Protocol whose every request must have its head complete within ``timeout`` seconds, and whose
+    transport holds at most ``write_buffer_bytes`` unsent before its writer waits (asyncio's default, 64 KiB,
+    would be a second buffer beside the kernel's that a client which stops reading fills first)."""
 
     class HeaderTimeoutH11Protocol(H11Protocol):
         _head_timer = None
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
+            transport.set_write_buffer_limits(high=write_buffer_bytes)
             self._arm_head_timer()
 
         def connection_lost(self, exc) -> None:

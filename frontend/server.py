@@ -40,8 +40,8 @@ class HttpLimits:
     limit_concurrency: int = 1024  # connections (and requests) at once; beyond, uvicorn answers 503
     chat_template_seconds: float = 5.0  # a chat template's render, in its own process; longer is a 400
     chat_template_memory: int = 512 << 20  # bytes that render may allocate; more is a 400
-    # each connection's kernel send buffer (SO_SNDBUF): what a client that stops reading takes before the
-    # server's writer blocks and flow control pauses its request (runtime/client.py); it also bounds a
+    # each connection's kernel send buffer (SO_SNDBUF), and as much again in its transport: what a client that
+    # stops reading takes before the server's writer blocks and flow control pauses its request (runtime/client.py); it also bounds a
     # response's rate to twice this a round trip: 320 KB/s at 100 ms, a token stream's needs many times over;
     # raise it for large responses to far clients
     send_buffer_bytes: int = 16 << 10
@@ -180,7 +180,8 @@ async def serve(engine, host: str, port: int, model: Optional[str], options: Ser
                                     access_log=options.access_log, lifespan="off",
                                     timeout_graceful_shutdown=3, timeout_keep_alive=limits.timeout_keep_alive,
                                     limit_concurrency=limits.limit_concurrency,
-                                    http=header_timeout_protocol(limits.request_read_timeout)),
+                                    http=header_timeout_protocol(limits.request_read_timeout,
+                                                                  limits.send_buffer_bytes)),
                      send_buffer_bytes=limits.send_buffer_bytes)
     loop = asyncio.get_running_loop()
     draining: list[asyncio.Task] = []
