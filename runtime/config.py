@@ -370,6 +370,11 @@ class RuntimeConfig:
                                      "request is paused; it resumes once the reader has taken three quarters")
     stream_stall_timeout: float = option(60.0, "seconds a paused request waits for its reader to take an "
                                                "output before it is aborted")
+    # a raw ZMQ client that stops reading: libzmq reads on for a client of its own (whose receive queue is
+    # unbounded), so only a client whose own queue is full leaves messages here (docs/protocol.md)
+    client_send_limit: int = option(1024, "messages the scheduler queues for one ZMQ client connection that "
+                                          "does not read them; one more, and the connection is closed and its "
+                                          "requests aborted")
     # With a key, every client message on the ZMQ socket must carry it (``api_key``); others get an error
     client_api_key: Optional[str] = option(None, cli=False)
     # CurveZMQ on the client socket: the server's key pair (a zmq.auth certificate file with the secret
@@ -395,6 +400,8 @@ class RuntimeConfig:
             raise ValueError(f"log_level must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {self.log_level!r}")
         if self.stream_backlog < 2:
             raise ValueError(f"stream_backlog must be >= 2, got {self.stream_backlog}")
+        if self.client_send_limit < 16:
+            raise ValueError(f"client_send_limit must be >= 16, got {self.client_send_limit}")
         for name in ("start_timeout", "shutdown_timeout", "health_timeout", "hang_timeout", "stream_stall_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")

@@ -36,7 +36,7 @@ from actorserve.runtime.engine.stats import StatsLine
 from actorserve.runtime.errors import EngineOverloadedError, EngineSleepingError
 from actorserve.runtime.heap import trim_heap
 from actorserve.runtime.model.tokenizer import encode
-from actorserve.runtime.transport.channel import Channel, Envelope
+from actorserve.runtime.transport.channel import Channel, Envelope, PeerNotReading
 from actorserve.runtime.transport.client_security import curve_server
 from actorserve.runtime.transport.messages import (PROTOCOL_VERSION, AbortRequest, AddRequest, ErrorReply, ExecuteBatch,
                                                    HealthPing, HealthPong, PauseRequest, RequestOutputDelta,
@@ -86,7 +86,7 @@ class SchedulerActor(Actor):
         self.client = self.channel(Channel(
             self.ctx, "router", self.addresses.client, bind=True, name="client",
             max_message_bytes=runtime.max_request_body_bytes, max_frames=MAX_CLIENT_FRAMES, track_peers=tracked,
-            heartbeat_s=_CLIENT_HEARTBEAT_S,
+            heartbeat_s=_CLIENT_HEARTBEAT_S, peer_send_limit=runtime.client_send_limit if tracked else None,
             monitor_events=zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED if tracked else 0,
             configure=self._security.configure if self._security is not None else None), listen=True)
         if tracked:
@@ -168,6 +168,8 @@ class SchedulerActor(Actor):
 
     async def _publish(self, update: RequestUpdate) -> None:
         rid = update.output.request_id
+        if rid not in self._clients:
+            return  # its client was dropped while this step's updates went out
         origin, client_id = self._clients[rid]
         samples = [SampleDelta(s.index, s.token_ids, s.text, _wire_logprobs(s.logprobs), s.finish_reason,
                                s.stop_reason) for s in update.samples]
@@ -176,7 +178,7 @@ class SchedulerActor(Actor):
         if update.output.finished:
             del self._clients[rid]
             self._announced.discard(rid)
-        await self.client.send(RequestOutputDelta(
+        await self._reply(RequestOutputDelta(
             client_id, samples, update.output.finished,
             prompt_token_ids=update.output.prompt_token_ids if first else None,
             num_cached_tokens=update.output.num_cached_tokens,
@@ -215,10 +217,10 @@ class SchedulerActor(Actor):
                 return
             self._admit(rid, message, params, list(message.prompt_token_ids), origin)
         except (ValueError, TypeError) as exc:
-            await self.client.send(ErrorReply("ValueError", str(exc), message.request_id), to=origin)
+            await self._reply(ErrorReply("ValueError", str(exc), message.request_id), to=origin)
             return
         except (EngineSleepingError, EngineOverloadedError) as exc:
-            await self.client.send(ErrorReply(type(exc).__name__, str(exc), message.request_id), to=origin)
+            await self._reply(ErrorReply(type(exc).__name__, str(exc), message.request_id), to=origin)
             return
         self._remember_peer(envelope)
 
@@ -253,7 +255,7 @@ class SchedulerActor(Actor):
         except Exception as exc:
             self._tokenizing.pop(rid, None)
             kind = "ValueError" if isinstance(exc, (ValueError, TypeError)) else type(exc).__name__
-            await self.client.send(ErrorReply(kind, str(exc), message.request_id), to=origin)
+            await self._reply(ErrorReply(kind, str(exc), message.request_id), to=origin)
 
     def _remember_peer(self, envelope: Envelope) -> None:
         """Note whose request this is; one whose connection already closed (the monitor's event came
@@ -300,6 +302,21 @@ class SchedulerActor(Actor):
         self._closed.discard(fd)  # a new connection on this descriptor
         return fd, False
 
+    async def _reply(self, message, to: Optional[bytes]) -> None:
+        """Send to a client; one that has left ``--client-send-limit`` messages unread is dropped whole: its
+        connection closed and its requests aborted (what it left queued is let go with the connection)."""
+        try:
+            await self.client.send(message, to=to)
+        except PeerNotReading:
+            fds = [fd for fd, identities in self._peers.items() if to in identities]
+            log.warning("a client left %d messages unread: its connection is closed, its requests aborted",
+                        self.client.peer_send_limit)
+            for fd in fds:
+                self.client.disconnect(fd, delay_s=0)
+                self._abort_clients(self._peers.pop(fd))
+            if not fds:
+                self._abort_clients({to})
+
     def _abort_clients(self, identities: set[bytes]) -> None:
         prefixes = tuple(f"{origin.hex()}/" for origin in identities)
         gone = [rid for rid in self._clients if rid.startswith(prefixes)]
@@ -323,7 +340,7 @@ class SchedulerActor(Actor):
         if key is None or (message.api_key is not None and hmac.compare_digest(message.api_key.encode(), key.encode())):
             return True
         request_id = getattr(message, "request_id", None)
-        await self.client.send(ErrorReply("AuthenticationError", "invalid or missing api_key", request_id),
+        await self._reply(ErrorReply("AuthenticationError", "invalid or missing api_key", request_id),
                                to=envelope.origin)
         return False
 
@@ -336,7 +353,7 @@ class SchedulerActor(Actor):
         if job is not None:  # not admitted yet: end it here, as an admitted one would end
             job[0].cancel()
             samples = [SampleDelta(i, [], "", finish_reason="abort") for i in range(job[1])]
-            await self.client.send(RequestOutputDelta(message.request_id, samples, True), to=envelope.origin)
+            await self._reply(RequestOutputDelta(message.request_id, samples, True), to=envelope.origin)
             return
         update = self.core.abort_request(rid)
         if update is not None and rid in self._clients:
@@ -356,7 +373,7 @@ class SchedulerActor(Actor):
         s = self.core.scheduler
         steps = self.core.step_tokens
         spec = s.spec_stats
-        await self.client.send(HealthPong(message.nonce, len(s.running), len(s.waiting), self.core.kv.pool.usage,
+        await self._reply(HealthPong(message.nonce, len(s.running), len(s.waiting), self.core.kv.pool.usage,
                                           s.num_preemptions, list(steps.counts), steps.total, spec.num_drafts,
                                           spec.num_draft_tokens, spec.num_accepted_tokens,
                                           list(spec.num_accepted_tokens_per_pos)),
@@ -384,10 +401,10 @@ class SchedulerActor(Actor):
                 try:
                     status = await job
                 except (ValueError, RuntimeError) as exc:
-                    await self.client.send(ErrorReply(type(exc).__name__, str(exc), nonce=message.nonce),
+                    await self._reply(ErrorReply(type(exc).__name__, str(exc), nonce=message.nonce),
                                            to=envelope.origin)
                     return
-            await self.client.send(msgspec.structs.replace(status, nonce=message.nonce), to=envelope.origin)
+            await self._reply(msgspec.structs.replace(status, nonce=message.nonce), to=envelope.origin)
 
         self._control_jobs.add(task := asyncio.ensure_future(run()))
         task.add_done_callback(self._control_jobs.discard)
@@ -407,7 +424,7 @@ class SchedulerActor(Actor):
     async def handle_shutdown(self, message: Shutdown, envelope: Envelope) -> None:
         if envelope.via != "control":
             log.warning("refused a shutdown from a client")
-            await self.client.send(ErrorReply("PermissionError", "shutdown is taken only from the launcher"),
+            await self._reply(ErrorReply("PermissionError", "shutdown is taken only from the launcher"),
                                    to=envelope.origin)
             return
         for rid in list(self._clients):
@@ -426,7 +443,7 @@ class SchedulerActor(Actor):
                 self.client.disconnect(envelope.peer)
             trim_heap()  # what libzmq buffered of the message
         if envelope.origin is not None:
-            await self.client.send(ErrorReply("ProtocolError", reason), to=envelope.origin)
+            await self._reply(ErrorReply("ProtocolError", reason), to=envelope.origin)
 
 
 def _engine_id(origin: Optional[bytes], request_id: str) -> str:

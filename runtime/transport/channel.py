@@ -58,16 +58,29 @@ class _TrackerHandle:
         self._tracker.wait()
 
 
+_PEER_SNDBUF = 256 << 10  # what each connection of a send-limited socket holds in the kernel
+
+
+class PeerNotReading(Exception):
+    """A ROUTER peer has ``peer_send_limit`` messages queued that it does not read."""
+
+    def __init__(self, peer: Optional[bytes]) -> None:
+        super().__init__(f"peer {peer!r} does not read its messages")
+        self.peer = peer
+
+
 class Channel:
     def __init__(self, ctx: zmq.asyncio.Context, kind: str, address: str, bind: bool,
                  identity: Optional[bytes] = None, monitor_events: int = 0, name: str = "",
                  max_message_bytes: Optional[int] = None, max_frames: Optional[int] = None,
                  track_peers: bool = False,
                  configure: Optional[Callable[[zmq.Socket], None]] = None,
-                 heartbeat_s: Optional[float] = None) -> None:
+                 heartbeat_s: Optional[float] = None, peer_send_limit: Optional[int] = None) -> None:
         """``configure`` sets socket options that must precede bind or connect (CurveZMQ keys).
         ``heartbeat_s``: ZMTP pings on every connection, so that a peer gone without closing (a host
-        that vanished) is disconnected after three intervals of silence."""
+        that vanished) is disconnected after three intervals of silence. ``peer_send_limit`` (a ROUTER):
+        messages queued for one peer that does not read them, beyond which ``send`` to it raises
+        ``PeerNotReading`` (instead of libzmq's silent drop) rather than queueing more."""
         self.kind = kind
         self.address = address
         self.name = name or kind
@@ -82,8 +95,14 @@ class Channel:
             self.socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(3 * heartbeat_s * 1000))
         if configure is not None:
             configure(self.socket)
-        # Outputs must never be dropped at a high-water mark (ROUTER drops silently): no limit.
-        self.socket.setsockopt(zmq.SNDHWM, 0)
+        # Outputs must never be dropped at a high-water mark (ROUTER drops silently): no limit, or a limit
+        # that raises (ROUTER_MANDATORY) for the owner to drop the peer whole.
+        self.peer_send_limit = peer_send_limit
+        self.socket.setsockopt(zmq.SNDHWM, peer_send_limit or 0)
+        if peer_send_limit is not None:
+            self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            # and the kernel's send buffer fixed, which would otherwise grow to megabytes for a peer
+            self.socket.setsockopt(zmq.SNDBUF, _PEER_SNDBUF)
         self.socket.setsockopt(zmq.RCVHWM, 0)
         if identity is not None:
             self.socket.setsockopt(zmq.IDENTITY, identity)
@@ -99,6 +118,17 @@ class Channel:
         frames = self._codec.encode(message, tensors)
         if to is not None:
             frames.insert(0, to)
+        if self.peer_send_limit is not None:
+            # now or never: a send that waited for room would hold every other peer's messages behind it (the
+            # socket's own NOBLOCK send, which also wakes its receivers, as a bare sync send would not)
+            try:
+                await self.socket.send_multipart(frames, zmq.NOBLOCK)
+            except zmq.Again:
+                raise PeerNotReading(to) from None
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EHOSTUNREACH:  # (a peer gone: let go, as a ROUTER without the limit does)
+                    raise
+            return
         if not tensors:
             await self.socket.send_multipart(frames)
             return

@@ -29,7 +29,7 @@ def server():
     log = tempfile.NamedTemporaryFile(prefix="actorserve-zmq-", suffix=".log")
     proc = subprocess.Popen(
         [sys.executable, "-m", "actorserve.cli", "serve-zmq", "--address", address, "--max-model-len", "1024",
-         "--kv-cache-memory", str(64 << 20)], stdout=log, stderr=subprocess.STDOUT,
+         "--kv-cache-memory", str(64 << 20), "--client-send-limit", "64"], stdout=log, stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
     deadline = time.monotonic() + 120
     while b"serving" not in open(log.name, "rb").read():
@@ -243,6 +243,31 @@ def test_a_message_past_the_frame_or_size_limit_closes_its_connection(ctx, serve
     bulky.close()
     watcher.close()
     bounded.check(f"a message of {frames} frames")
+
+
+def test_a_client_that_does_not_read_is_dropped_after_its_send_limit(ctx, server, bounded):
+    """A raw client whose own queue is full (RCVHWM 4, a 4 KiB receive buffer) and that never reads: once
+    --client-send-limit (64 here) messages wait for it, the scheduler closes its connection and aborts its
+    requests, and everyone else is served meanwhile. (The client itself may not see the close: its libzmq
+    reads nothing more while its queue is full.)"""
+    idle = ctx.socket(zmq.DEALER)
+    idle.setsockopt(zmq.LINGER, 0)
+    idle.setsockopt(zmq.RCVHWM, 4)
+    idle.setsockopt(zmq.RCVBUF, 4096)
+    idle.connect(server[0])
+    for i in range(8):
+        idle.send(pack({"type": "add_request", "request_id": f"unread{i}", "prompt": "Once upon a time",
+                        "params": {"max_tokens": 900, "ignore_eos": True, "logprobs": 20}}))
+    watcher = dealer(ctx, server[0])
+    deadline = time.monotonic() + 30
+    while b"a client left 64 messages unread" not in open(server[3], "rb").read():
+        assert time.monotonic() < deadline, "the client that does not read was not dropped"
+        assert run(watcher)["finished"]
+    status = pong(watcher)
+    assert status["num_running"] == 0 and status["num_waiting"] == 0, status
+    idle.close()
+    watcher.close()
+    bounded.check("a client that does not read")
 
 
 def test_a_beam_search_over_zmq_is_one_request_answered_once(bad, bounded):
