@@ -3,9 +3,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # The versions the suite last passed with: an upstream release cannot break a fresh install overnight.
-# The ranges stay in setup.cfg; `make constraints` moves these pins forward (README.md says how).
+# The ranges stay in setup.cfg; `make constraints` moves these pins forward (docs/development.md says how).
 CONSTRAINTS ?= constraints.txt
-# What a user installs beside the engine: a GPU host names cuda (make install EXTRAS=cuda,test; README: GPU workers)
+# What a user installs beside the engine: a GPU host names cuda (make install EXTRAS=cuda,test; docs/gpu.md)
 EXTRAS ?= test,ray
 # PyPI's Linux torch==2.13.0 is a CUDA build that requires exactly this triton: constraints.txt must pin it, or a
 # GPU host cannot install (the CPU wheel requires none, so the newest would be pinned; tests/test_gpu_install.py)
@@ -19,7 +19,7 @@ GENERIC_TESTS := tests/kernels tests/actorserve/test_llm_reference.py --ignore=t
 ISA_TESTS := $(GENERIC_TESTS) tests/runtime/model --ignore=tests/runtime/model/test_tokenizer.py \
 	--ignore=tests/runtime/model/test_gguf_file.py
 
-PIN_HEADER := \# The versions the whole of make test last passed with; written by make constraints (see README.md)
+PIN_HEADER := \# The versions the whole of make test last passed with; written by make constraints (see docs/development.md)
 
 .PHONY: install test test-isa soak generate serve constraints clean
 

@@ -19,7 +19,7 @@ class Family:
     hf_architectures: tuple[str, ...]
     hf_model_types: tuple[str, ...]
     gguf_architectures: tuple[str, ...]
-    models: str  # what it covers, for the README and the errors
+    models: str  # what it covers, for the docs and the errors
     # the ArchConfig fields this family sets from a config.json, beyond the ones every family reads
     switches: Switches = field(default=_none, compare=False)
     # and from a GGUF file's metadata: given the reader of its "<arch>." keys and its tensor names

@@ -27,8 +27,8 @@ def supported() -> str:
 
 
 def markdown() -> str:
-    """The README's list of supported architectures (``python -m actorserve.runtime.model.registry``
-    prints it; a test checks the README against it)."""
+    """docs/python-api.md's list of supported architectures (``python -m actorserve.runtime.model.registry``
+    prints it; a test checks the docs against it)."""
     return "\n".join(f"- `{arch}`: {f.models}" + (f" (GGUF `{'`, `'.join(f.gguf_architectures)}`)"
                                                    if f.gguf_architectures else "")
                      for f in FAMILIES for arch in f.hf_architectures)

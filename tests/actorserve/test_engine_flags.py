@@ -1,5 +1,5 @@
 """The CLI flags come from the config fields: every engine command takes the same ones, with vLLM's
-spellings, human-readable sizes, a YAML --config, and the README's CLI section names exactly them."""
+spellings, human-readable sizes, a YAML --config, and docs/cli.md names exactly them."""
 import argparse
 import dataclasses
 import re
@@ -11,7 +11,7 @@ from actorserve import cli
 from actorserve.engine_flags import SECTIONS, engine_fields, engine_kwargs, expand_config_file, human_int
 from actorserve.runtime.config import EngineConfig
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+CLI_DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -116,12 +116,11 @@ def test_a_yaml_config_gives_flags_and_the_command_line_wins(tmp_path):
     assert bench[:2] == ["bench", "latency"]
 
 
-def test_the_readme_cli_section_names_exactly_the_parsers_flags():
-    text = README.read_text()
-    section = text[text.index("## CLI"):text.index("\n## ", text.index("## CLI") + 1)]
+def test_the_cli_doc_names_exactly_the_parsers_flags():
+    section = CLI_DOC.read_text()
     named = set(re.findall(r"(?<![\w-])(--[a-z](?:[a-z0-9-]*[a-z0-9])?|-[a-z]{1,2})(?![\w-])", section))
     subs = subcommands(parser())
     flags = set().union(*(options(p) for p in subs.values()))
     negated = {f for f in flags if f.startswith("--no-") and "--" + f[5:] in flags}  # --x gives --no-x
-    assert flags - negated - named == set(), "flags the README's CLI section does not name"
-    assert named - flags == set(), "flags the README names that no command takes"
+    assert flags - negated - named == set(), "flags docs/cli.md does not name"
+    assert named - flags == set(), "flags docs/cli.md names that no command takes"

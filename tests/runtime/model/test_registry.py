@@ -1,5 +1,5 @@
 """The model registry: every family it lists loads by its checkpoint's names, what it does not list is
-refused with the list, and the README's list is the registry's. Rotary tables belong to each model."""
+refused with the list, and docs/python-api.md's list is the registry's. Rotary tables belong to each model."""
 import json
 import re
 from pathlib import Path
@@ -72,8 +72,8 @@ def test_two_models_with_different_rope_keep_their_own_tables(tmp_path):
     assert torch.equal(a.rotary.cos, cos_a) and torch.equal(b.rotary.cos, cos_b)
 
 
-def test_the_readme_lists_the_registry():
-    text = (ROOT / "README.md").read_text()
+def test_the_python_api_doc_lists_the_registry():
+    text = (ROOT / "docs" / "python-api.md").read_text()
     section = text.split("### Supported architectures", 1)[1].split("\n#", 1)[0]
     listed = [line for line in section.splitlines() if line.startswith("- `")]
     assert listed == registry.markdown().splitlines()  # python -m actorserve.runtime.model.registry
