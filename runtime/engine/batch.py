@@ -9,6 +9,8 @@ from typing import Optional
 
 import msgspec
 
+from actorserve.runtime.engine.sampling_params import is_greedy
+
 
 class SamplingSpec(msgspec.Struct, frozen=True):
     """The parts of SamplingParams that the sampler needs, sent once per request."""
@@ -29,6 +31,10 @@ class SamplingSpec(msgspec.Struct, frozen=True):
     prompt_logprobs: Optional[int] = None
     allowed_token_ids: Optional[list[int]] = None
     bad_words_token_ids: Optional[list[list[int]]] = None  # each word's tokens, as the tokenizer splits it
+
+    @property
+    def greedy(self) -> bool:
+        return is_greedy(self.temperature)
 
 
 class NewRequest(msgspec.Struct, frozen=True):

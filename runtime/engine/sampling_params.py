@@ -14,7 +14,13 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Union
 
-_GREEDY_EPS = 1e-5
+GREEDY_TEMPERATURE = 1e-5  # below it, sampling is greedy: is_greedy is the one place that decides
+
+
+def is_greedy(temperature: float) -> bool:
+    return temperature < GREEDY_TEMPERATURE
+
+
 MAX_LOGPROBS = 20
 MAX_N = 4096  # the ceiling of the configured maximum n (SchedulerConfig.max_n)
 MAX_TOKENS = 1 << 31  # any context is shorter; the engine checks the real one
@@ -144,7 +150,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature < _GREEDY_EPS
+        return is_greedy(self.temperature)
 
     def _verify(self) -> None:
         _check(_is_int(self.n) and 1 <= self.n <= MAX_N, "n", f"must be an integer in [1, {MAX_N}], got {self.n!r}")

@@ -71,7 +71,7 @@ class DraftModelProposer:
                 logits, [SamplingRow(r.spec, None, r.prompt_ids, r.output_ids + drafts[c.request_id])
                          for c, r in zip(active, draft_rows)])
             for i, (c, r) in enumerate(zip(active, draft_rows)):
-                if r.spec.temperature < 1e-5:
+                if r.spec.greedy:
                     token = int(argmax[i])
                 else:
                     dists[c.request_id].append(probs[i])

@@ -50,7 +50,7 @@ def verify(sampler: Sampler, logits: torch.Tensor, rows: list[SamplingRow], draf
     at = 0
     for i, (row, draft) in enumerate(zip(rows, drafts)):
         q = draft_probs[i] if draft_probs is not None else None
-        greedy = row.spec.temperature < 1e-5
+        greedy = row.spec.greedy
         out: list[int] = []
         for j in range(len(draft) + 1):
             r = at + j

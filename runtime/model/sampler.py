@@ -57,7 +57,7 @@ class Sampler:
         if all(_plain_greedy(r) for r in rows):
             return argmax(logits).tolist(), [None] * len(rows)
         logits, logprobs = _processed(logits, rows)
-        greedy = [r.spec.temperature < 1e-5 for r in rows]
+        greedy = [r.spec.greedy for r in rows]
         if all(greedy):
             tokens = logits.argmax(dim=-1)
         else:
@@ -72,7 +72,7 @@ class Sampler:
         if all(_plain_greedy(r) for r in rows):
             return None, argmax(logits), None
         logits, logprobs = _processed(logits, rows)
-        greedy = [r.spec.temperature < 1e-5 for r in rows]
+        greedy = [r.spec.greedy for r in rows]
         probs = None if all(greedy) else _probabilities(logits, rows, greedy)
         return probs, logits.argmax(dim=-1), logprobs
 
@@ -146,7 +146,7 @@ def _probabilities(logits: torch.Tensor, rows: list[SamplingRow], greedy: list[b
 def _plain_greedy(row: SamplingRow) -> bool:
     """A row whose token is the argmax of its raw logits: greedy, and nothing below alters or reads them."""
     spec = row.spec
-    return (spec.temperature < 1e-5 and spec.logprobs is None and not spec.logit_bias and row.allowed is None
+    return (spec.greedy and spec.logprobs is None and not spec.logit_bias and row.allowed is None
             and spec.allowed_token_ids is None and not spec.bad_words_token_ids
             and len(row.output_ids) >= spec.min_tokens and spec.repetition_penalty == 1.0
             and spec.presence_penalty == 0.0 and spec.frequency_penalty == 0.0)
