@@ -1,4 +1,5 @@
-"""The GPU checks of actorserve, in one unattended run of under 8 minutes on one GPU, offline (docs/gpu.md). scripts/gpu_check.sh runs it. In order, each under its own time limit, a failing step not
+"""The GPU checks of actorserve, in one unattended run of under 8 minutes on one GPU, offline (docs/gpu.md).
+scripts/gpu_check.sh runs it. In order, each under its own time limit, a failing step not
 stopping the others:
 
 1. ``install``: the wheels of ``gpu-wheels/`` (scripts/fetch_gpu_wheels.py, run beforehand where there is

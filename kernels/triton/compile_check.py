@@ -152,7 +152,7 @@ def _calls(shape: ModelShape, dtype) -> Iterator[tuple[str, Callable[[], object]
     """Each host wrapper called as the model's forward pass calls it, on empty CPU tensors (nothing is run)."""
     import torch
 
-    from actorserve.kernels.triton import fused_moe, gated_delta, rotary_kv, rows, sampling, unified_attention, w4a16
+    from actorserve.kernels.triton import fused_moe, gated_delta, rotary_kv, rows, sampling, unified_attention
 
     t = 4  # tokens of a step: runtime sizes are arguments, only their divisibility by 16 specialises
     e = lambda *size, dt=dtype: torch.empty(*size, dtype=dt)  # noqa: E731
@@ -174,11 +174,6 @@ def _calls(shape: ModelShape, dtype) -> Iterator[tuple[str, Callable[[], object]
     yield "top_k_top_p_sample", lambda: sampling.top_k_top_p_sample(
         e(t, shape.vocab, dt=torch.float32), torch.zeros(t, dtype=torch.int32), torch.ones(t),
         e(t, shape.vocab, dt=torch.float32))
-    for type_name, (block_bytes, _) in w4a16.LAYOUTS.items():
-        for m in (1, t, 64):
-            yield "w4a16_gemm", lambda: w4a16.w4a16_gemm(
-                e(m, shape.hidden), e(shape.intermediate, shape.hidden // 32 * block_bytes, dt=torch.uint8),
-                type_name)
     if shape.experts:
         experts = torch.zeros(t, shape.top_k, dtype=torch.int64)
         yield "fused_moe", lambda: fused_moe.fused_moe(
@@ -197,10 +192,10 @@ def _calls(shape: ModelShape, dtype) -> Iterator[tuple[str, Callable[[], object]
 def _jit_functions() -> list:
     from triton.runtime.jit import JITFunction
 
-    from actorserve.kernels.triton import fused_moe, gated_delta, rotary_kv, rows, sampling, unified_attention, w4a16
+    from actorserve.kernels.triton import fused_moe, gated_delta, rotary_kv, rows, sampling, unified_attention
 
     found = []
-    for module in (fused_moe, gated_delta, rotary_kv, rows, sampling, unified_attention, w4a16):
+    for module in (fused_moe, gated_delta, rotary_kv, rows, sampling, unified_attention):
         found += [v for v in vars(module).values() if isinstance(v, JITFunction)]
     return found
 

@@ -10,8 +10,7 @@ import sys
 import pytest
 
 ENTRY_KERNELS = {"_grouped_gemm_kernel", "_recurrent_step_kernel", "_recurrent_varlen_kernel", "_rotary_kv_kernel",
-                 "_unified_attention_kernel", "_rms_norm_kernel", "_silu_mul_kernel", "_sample_kernel",
-                 "_w4a16_kernel"}
+                 "_unified_attention_kernel", "_rms_norm_kernel", "_silu_mul_kernel", "_sample_kernel"}
 
 
 def _compiled_env() -> dict:

@@ -1,12 +1,8 @@
-"""Top-k/top-p sampling against the CPU sampler's filter and race, and the W4A16 GEMM over GGUF Q4_0 /
-Q4_1 blocks against the product with the reference decoder's weights."""
-import numpy as np
+"""Top-k/top-p sampling against the CPU sampler's filter and race."""
 import pytest
 import torch
 
 from actorserve.kernels.triton.sampling import top_k_top_p_sample
-from actorserve.kernels.triton.w4a16 import LAYOUTS, w4a16_gemm
-from actorserve.runtime.model.gguf_dequant import dequantize
 from actorserve.runtime.model.sampler import top_k_top_p_mask
 
 
@@ -23,32 +19,6 @@ def test_top_k_top_p_sampling_matches_the_sampler(device):
     assert torch.equal(got, expected)
     assert len(set(got.tolist())) > 12  # (the rows differ: not one token for all)
     assert got[1] == logits[1].argmax() and got[23] == logits[23].argmax()  # k = 1; a tiny p keeps the top
-
-
-def _blocks(type_name, n, k, rng):
-    """Random but valid blocks: fp16 scales (and minimums) of a sensible size, random nibbles."""
-    block_bytes, qs_at = LAYOUTS[type_name]
-    raw = rng.integers(0, 256, size=(n, k // 32, block_bytes), dtype=np.uint8)
-    raw[:, :, 0:2] = np.frombuffer(rng.uniform(0.01, 0.05, (n, k // 32)).astype(np.float16).tobytes(),
-                                   dtype=np.uint8).reshape(n, k // 32, 2)
-    if qs_at == 4:
-        raw[:, :, 2:4] = np.frombuffer(rng.uniform(-0.2, 0.0, (n, k // 32)).astype(np.float16).tobytes(),
-                                       dtype=np.uint8).reshape(n, k // 32, 2)
-    return raw.reshape(n, -1)
-
-
-@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1"])
-@pytest.mark.parametrize("m", [1, 5])
-def test_w4a16_gemm_over_the_files_blocks(type_name, m, device):
-    rng = np.random.default_rng(1)
-    n, k = 40, 96
-    raw = _blocks(type_name, n, k, rng)
-    weight = dequantize(raw.reshape(-1), type_name, (n, k))
-    x = torch.randn(m, k, generator=torch.Generator().manual_seed(2))
-    got = w4a16_gemm(x.to(device), torch.from_numpy(raw).to(device), type_name).cpu()
-    torch.testing.assert_close(got, x @ weight.T, atol=1e-4, rtol=1e-4)
-    with pytest.raises(ValueError, match="uint8"):
-        w4a16_gemm(x, torch.from_numpy(raw)[:, :-1], type_name)
 
 
 def test_the_sampler_takes_the_kernel_on_a_gpu(monkeypatch, device):
