@@ -124,10 +124,10 @@ def _host_share(engine, args, params) -> float:
 
     Operator time is the self time of every operator except those that move no data (``_METADATA_OPS``;
     ``aten::to`` and ``contiguous`` keep their copies, recorded as ``aten::copy_``), over the same profiled
-    steps whose wall time it is divided by. Timing the wall of unprofiled steps instead (as until the
-    third session of 2026-12-03) kept the profiler's own cost out of it, but compared steps taken a fraction of a second
-    apart on a machine whose speed drifts by more than the share: six such pairs of one process read 5% to
-    39%, the same-step share 13% to 16%. The profiler's work between operators counts as host time here
+    steps whose wall time it is divided by. Timing the wall of unprofiled steps instead would keep the
+    profiler's own cost out of it, but compare steps taken a fraction of a second apart on a machine whose
+    speed drifts by more than the share: six such pairs of one process read 5% to 39%, the same-step share
+    13% to 16%. The profiler's work between operators counts as host time here
     (so the share errs high); its work inside a span, about 1-2 us of an operator, counts as operator time.
     The median of five rounds of six steps is reported."""
     import dataclasses

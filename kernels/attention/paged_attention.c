@@ -181,7 +181,7 @@ static void one(const elem *q, const kv_elem *k_cache, const kv_elem *v_cache, c
 /* How many parts each (sequence, KV head) item's keys are cut into, so that a step of fewer items than
  * threads keeps them all busy (a lone sequence's 3 KV heads on 2 threads left one thread idle a third of
  * the time): enough parts for two units a thread, as many units on each thread, parts of 4 blocks or more
- * (shorter ones measured slower than none). */
+ * (shorter ones cost more to merge than they save). */
 static int64_t parts_of(int64_t items, int64_t max_len, int64_t BS, int threads) {
     if (threads < 2 || items >= 2 * threads) return 1;
     int64_t S = (2 * threads + items - 1) / items;

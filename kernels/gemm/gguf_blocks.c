@@ -56,7 +56,7 @@ static inline int scales_once(int type) { return type == Q2_K || type == Q5_K ||
  *       each multiply-add waited on the latency of the one before it.
  *   M >= 6: the rows' chains are enough, one accumulator a row; with 32 registers (VL 16) two weight rows
  *       are decoded at a time, so that each load of x feeds two multiply-adds (one load a multiply-add
- *       bounded the pass; at 4 rows the pairs measured slower for Q8_0). A last odd row takes the M < 6
+ *       bounded the pass; at 4 rows the pairs are slower for Q8_0). A last odd row takes the M < 6
  *       loop. */
 static inline __attribute__((always_inline)) void rows_impl(
         int type, const float *x, const int64_t M, const uint8_t *w, const float *bias, float *y, int64_t ldy,
