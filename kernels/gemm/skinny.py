@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-from torch.nn import functional as F
 
 from actorserve.kernels.native import CpuKernelLibrary
 from actorserve.kernels.profiling import call
@@ -58,7 +57,3 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
                 rows.shape[0], n, k, torch.get_num_threads())
         call(PROFILE_NAME, lib.skinny_linear_bf16, *args)
     return out.view(*x.shape[:-1], n)
-
-
-def skinny_linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    return F.linear(x, weight, bias)
