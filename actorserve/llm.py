@@ -17,9 +17,9 @@ from actorserve.runtime.engine.sleep import check_level, check_tags
 from actorserve.runtime.errors import EngineSleepingError
 from actorserve.runtime.inprocess import build_engine
 from actorserve.runtime.logs import setup_logging
-from actorserve.runtime.model.chat_template import render
+from actorserve.runtime.text.chat_template import render
 from actorserve.runtime.model.loader import resolve_model_path
-from actorserve.runtime.model.tokenizer import load_tokenizer
+from actorserve.runtime.text.tokenizer import load_tokenizer
 
 PromptType = Union[str, dict[str, Any]]
 

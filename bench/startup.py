@@ -24,7 +24,7 @@ PIECES = {
     "import_child": "import actorserve.runtime.process, actorserve.runtime.actors.worker_actor, "
                     "actorserve.runtime.actors.scheduler_actor",
     "tokenizer": "from actorserve.runtime.model.loader import resolve_model_path; "
-                 "from actorserve.runtime.model.tokenizer import load_tokenizer; "
+                 "from actorserve.runtime.text.tokenizer import load_tokenizer; "
                  "import time; t = time.perf_counter(); load_tokenizer(resolve_model_path(None)); "
                  "print(time.perf_counter() - t)",
     "gguf_read_dequantize": "from actorserve.runtime.model.loader import load_model; import time; "

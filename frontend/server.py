@@ -124,7 +124,7 @@ def new_context(engine, model: Optional[str], served_model_names: Sequence[str] 
     """A context whose engine has not started yet: ``complete_context`` fills in the rest. With ``limits``
     (a server's), chat templates render in a process of their own within its budget."""
     from actorserve.runtime.model.loader import DEFAULT_MODEL_NAME
-    from actorserve.runtime.model.template_renderer import TemplateRenderer
+    from actorserve.runtime.text.template_renderer import TemplateRenderer
 
     names = tuple(served_model_names) or (model if model is not None else DEFAULT_MODEL_NAME,)
     options = options or ServeOptions()
@@ -139,7 +139,7 @@ async def complete_context(ctx: ServingContext, model: Optional[str], generation
     """Start the engine and load the tokenizer side by side: the engine's own (``--tokenizer`` is in its
     config, so the scheduler detokenizes with the one this process tokenizes with)."""
     from actorserve.runtime.model.loader import resolve_model_path
-    from actorserve.runtime.model.tokenizer import load_tokenizer
+    from actorserve.runtime.text.tokenizer import load_tokenizer
 
     tokenizer_path = ctx.engine.config.model.tokenizer
     loop = asyncio.get_running_loop()
@@ -151,7 +151,7 @@ async def complete_context(ctx: ServingContext, model: Optional[str], generation
         tokenizer = await tokenizer_job
         if renderer_job is not None:
             await renderer_job
-    from actorserve.runtime.model.tokenizer import max_token_chars
+    from actorserve.runtime.text.tokenizer import max_token_chars
 
     info = ctx.engine.info
     ctx.tokenizer, ctx.max_model_len, ctx.vocab_size = tokenizer, info["max_model_len"], info["vocab_size"]

@@ -23,8 +23,8 @@ from actorserve.runtime.engine.outputs import Logprob, RequestOutput
 from actorserve.runtime.engine.sampling_params import (RequestLimits, SamplingParams, truncate_prompt,
                                                        verify_prompt_text, verify_request)
 from actorserve.runtime.errors import EngineDeadError, EngineOverloadedError, EngineSleepingError
-from actorserve.runtime.model.template_renderer import TemplateRenderer
-from actorserve.runtime.model.tokenizer import encode
+from actorserve.runtime.text.template_renderer import TemplateRenderer
+from actorserve.runtime.text.tokenizer import encode
 
 log = logging.getLogger("actorserve.frontend")
 

@@ -12,7 +12,7 @@ from actorserve.frontend.serving import (SSE_DONE, Prompt, ServingContext, clamp
                                          sse, usage)
 from actorserve.runtime.engine.outputs import CompletionOutput, Logprob
 from actorserve.runtime.engine.sampling_params import prompt_text_bound
-from actorserve.runtime.model.chat_template import render
+from actorserve.runtime.text.chat_template import render
 
 log = logging.getLogger("actorserve.frontend")
 

@@ -10,7 +10,7 @@ from actorserve.frontend.protocol import CompletionRequest
 from actorserve.frontend.serving import (SSE_DONE, Prompt, ServingContext, clamp_logprob, merge, now,
                                          prompt_logprobs_json, sse, usage)
 from actorserve.runtime.engine.outputs import CompletionOutput, Logprob, RequestOutput
-from actorserve.runtime.model.tokenizer import encode
+from actorserve.runtime.text.tokenizer import encode
 
 log = logging.getLogger("actorserve.frontend")
 

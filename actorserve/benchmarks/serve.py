@@ -50,7 +50,7 @@ class RequestResult:
 
 def _tokenizer(args):
     from actorserve.runtime.model.loader import resolve_model_path
-    from actorserve.runtime.model.tokenizer import load_tokenizer
+    from actorserve.runtime.text.tokenizer import load_tokenizer
 
     return load_tokenizer(args.tokenizer or resolve_model_path(None))
 

@@ -35,7 +35,7 @@ from actorserve.runtime.engine.sampling_params import SamplingParams, Structured
 from actorserve.runtime.engine.stats import StatsLine
 from actorserve.runtime.errors import EngineOverloadedError, EngineSleepingError
 from actorserve.runtime.heap import trim_heap
-from actorserve.runtime.model.tokenizer import encode
+from actorserve.runtime.text.tokenizer import encode
 from actorserve.runtime.transport.channel import Channel, Envelope, PeerNotReading
 from actorserve.runtime.transport.client_security import curve_server
 from actorserve.runtime.transport.messages import (PROTOCOL_VERSION, AbortRequest, AddRequest, ErrorReply, ExecuteBatch,
@@ -97,7 +97,7 @@ class SchedulerActor(Actor):
         self.to_worker = self.channel(Channel(self.ctx, "push", self.addresses.worker_in, bind=False))
         if not self.config.model.skip_tokenizer_init:
             from actorserve.runtime.model.loader import resolve_model_path
-            from actorserve.runtime.model.tokenizer import load_tokenizer, max_token_chars
+            from actorserve.runtime.text.tokenizer import load_tokenizer, max_token_chars
 
             self.tokenizer = load_tokenizer(self.config.model.tokenizer or resolve_model_path(self.config.model.model))
             self._max_token_chars = max_token_chars(self.tokenizer)

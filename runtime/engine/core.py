@@ -21,7 +21,7 @@ from typing import Optional, Protocol, Union
 from actorserve.runtime.config import EngineConfig
 from actorserve.runtime.engine.beam_search import BeamSearch, BeamSearchParams
 from actorserve.runtime.engine.batch import ModelRunnerOutput, PromptLogprobs, SchedulerOutput, TokenLogprobs
-from actorserve.runtime.engine.detokenizer import IncrementalDetokenizer
+from actorserve.runtime.text.detokenizer import IncrementalDetokenizer
 from actorserve.runtime.engine.kv_cache_manager import KVCacheManager
 from actorserve.runtime.engine.outputs import (CompletionOutput, Logprob, RequestMetrics, RequestOutput, RequestUpdate,
                                                SampleUpdate)
@@ -31,7 +31,7 @@ from actorserve.runtime.engine.scheduler import Scheduler
 from actorserve.runtime.engine.stats import StepTokens
 from actorserve.runtime.engine.structured_outputs import StructuredOutputManager
 from actorserve.runtime.errors import EngineOverloadedError, EngineSleepingError
-from actorserve.runtime.model.tokenizer import bad_words_token_ids
+from actorserve.runtime.text.tokenizer import bad_words_token_ids
 
 log = logging.getLogger("actorserve")
 

@@ -22,7 +22,7 @@ from actorserve.runtime.model.arch_config import ArchConfig
 from actorserve.runtime.model.decoder import CausalLM, Stage
 from actorserve.runtime.model.gguf_weights import StoredBlocks
 from actorserve.runtime.model.layers import Embedding, Linear
-from actorserve.runtime.model.tokenizer import load_tokenizer
+from actorserve.runtime.text.tokenizer import load_tokenizer
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"

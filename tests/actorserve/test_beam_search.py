@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from actorserve import BeamSearchParams, SamplingParams
-from actorserve.runtime.model.chat_template import render
+from actorserve.runtime.text.chat_template import render
 
 
 def hf_beam_search(model, prompt: list[int], width: int, steps: int, eos: int) -> list[tuple[list[int], float]]:

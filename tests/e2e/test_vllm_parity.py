@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from actorserve import BeamSearchParams, SamplingParams
-from actorserve.runtime.model.chat_template import render
+from actorserve.runtime.text.chat_template import render
 from tests.e2e.server import API_KEY, http
 
 MODEL = "SmolLM2-135M-Instruct"

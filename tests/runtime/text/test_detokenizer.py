@@ -1,7 +1,7 @@
 """Incremental detokenization never splits a UTF-8 character; stop strings are cut from the text."""
 import pytest
 
-from actorserve.runtime.engine.detokenizer import IncrementalDetokenizer
+from actorserve.runtime.text.detokenizer import IncrementalDetokenizer
 
 
 @pytest.fixture(scope="module")

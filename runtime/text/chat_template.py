@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from actorserve.runtime.model.template_renderer import TemplateRenderer
-from actorserve.runtime.model.tokenizer import encode
+from actorserve.runtime.text.template_renderer import TemplateRenderer
+from actorserve.runtime.text.tokenizer import encode
 
 _PASSED = ("name", "tool_calls", "tool_call_id")  # kept beside role and content when a message has them
 

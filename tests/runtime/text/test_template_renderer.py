@@ -6,8 +6,8 @@ import time
 import pytest
 
 from actorserve.runtime.model.loader import resolve_model_path
-from actorserve.runtime.model.template_renderer import TemplateError, TemplateRenderer
-from actorserve.runtime.model.tokenizer import load_tokenizer
+from actorserve.runtime.text.template_renderer import TemplateError, TemplateRenderer
+from actorserve.runtime.text.tokenizer import load_tokenizer
 
 CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 2?"}]
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two numbers",

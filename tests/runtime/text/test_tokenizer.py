@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from actorserve.runtime.model import tokenizer as tok_module
+from actorserve.runtime.text import tokenizer as tok_module
 from actorserve.runtime.model.loader import resolve_model_path
 
 TEXTS = ["The capital of France is", "  spaces\n\ttabs <|im_start|> émoji 🤖 ", ""]
