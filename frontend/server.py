@@ -41,9 +41,9 @@ class HttpLimits:
     chat_template_seconds: float = 5.0  # a chat template's render, in its own process; longer is a 400
     chat_template_memory: int = 512 << 20  # bytes that render may allocate; more is a 400
     # each connection's kernel send buffer (SO_SNDBUF), and as much again in its transport: what a client that
-    # stops reading takes before the server's writer blocks and flow control pauses its request (runtime/client.py); it also bounds a
-    # response's rate to twice this a round trip: 320 KB/s at 100 ms, a token stream's needs many times over;
-    # raise it for large responses to far clients
+    # stops reading takes before the server's writer blocks and flow control pauses its request
+    # (runtime/client.py); it also bounds a response's rate to twice this a round trip: 320 KB/s at 100 ms, a
+    # token stream's needs many times over; raise it for large responses to far clients
     send_buffer_bytes: int = 16 << 10
 
     def validate(self) -> "HttpLimits":

@@ -341,7 +341,7 @@ class SchedulerActor(Actor):
             return True
         request_id = getattr(message, "request_id", None)
         await self._reply(ErrorReply("AuthenticationError", "invalid or missing api_key", request_id),
-                               to=envelope.origin)
+                          to=envelope.origin)
         return False
 
     async def handle_abort_request(self, message: AbortRequest, envelope: Envelope) -> None:
@@ -374,10 +374,10 @@ class SchedulerActor(Actor):
         steps = self.core.step_tokens
         spec = s.spec_stats
         await self._reply(HealthPong(message.nonce, len(s.running), len(s.waiting), self.core.kv.pool.usage,
-                                          s.num_preemptions, list(steps.counts), steps.total, spec.num_drafts,
-                                          spec.num_draft_tokens, spec.num_accepted_tokens,
-                                          list(spec.num_accepted_tokens_per_pos)),
-                               to=envelope.origin)
+                                     s.num_preemptions, list(steps.counts), steps.total, spec.num_drafts,
+                                     spec.num_draft_tokens, spec.num_accepted_tokens,
+                                     list(spec.num_accepted_tokens_per_pos)),
+                          to=envelope.origin)
 
     # -- sleep mode -----------------------------------------------------------------------------------------
     async def handle_sleep_request(self, message: SleepRequest, envelope: Envelope) -> None:
@@ -402,7 +402,7 @@ class SchedulerActor(Actor):
                     status = await job
                 except (ValueError, RuntimeError) as exc:
                     await self._reply(ErrorReply(type(exc).__name__, str(exc), nonce=message.nonce),
-                                           to=envelope.origin)
+                                      to=envelope.origin)
                     return
             await self._reply(msgspec.structs.replace(status, nonce=message.nonce), to=envelope.origin)
 
@@ -425,7 +425,7 @@ class SchedulerActor(Actor):
         if envelope.via != "control":
             log.warning("refused a shutdown from a client")
             await self._reply(ErrorReply("PermissionError", "shutdown is taken only from the launcher"),
-                                   to=envelope.origin)
+                              to=envelope.origin)
             return
         for rid in list(self._clients):
             update = self.core.abort_request(rid)
