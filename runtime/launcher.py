@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import socket
 import tempfile
 import uuid
 from typing import Callable, Optional
 
 import zmq.asyncio
 
-from actorserve.runtime.actors.addresses import Addresses
+from actorserve.runtime.actors.addresses import Addresses, free_ports
 from actorserve.runtime.actors.scheduler_actor import SchedulerActor
 from actorserve.runtime.actors.worker_actor import WorkerActor
 from actorserve.runtime.config import EngineConfig
@@ -49,7 +48,7 @@ class MultiprocessEngine:
     def __init__(self, config: EngineConfig, ctx: zmq.asyncio.Context) -> None:
         parallel = config.parallel
         if parallel.pipeline_parallel_size > 1 and parallel.master_port is None:
-            config = dataclasses.replace(config, parallel=dataclasses.replace(parallel, master_port=_free_port()))
+            config = dataclasses.replace(config, parallel=dataclasses.replace(parallel, master_port=free_ports("127.0.0.1", 1)[0]))
         self.config = config
         self.size = config.parallel.pipeline_parallel_size
         self.directory = tempfile.mkdtemp(prefix="actorserve-")
@@ -134,7 +133,3 @@ class InProcessEngine:
         self.control.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

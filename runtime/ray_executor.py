@@ -21,7 +21,6 @@ import asyncio
 import logging
 import os
 import shutil
-import socket
 import tempfile
 import time
 from typing import Callable, Optional
@@ -59,18 +58,13 @@ class ActorHost:
         self._beat = time.monotonic()
 
     def node_ports(self, count: int) -> tuple[str, list[int]]:
-        """This node's address and ``count`` free ports on it."""
+        """This node's address and ``count`` distinct free ports on it."""
         import ray
 
-        ip, sockets = ray.util.get_node_ip_address(), []
-        for _ in range(count):
-            s = socket.socket()
-            s.bind((ip, 0))
-            sockets.append(s)
-        ports = [s.getsockname()[1] for s in sockets]
-        for s in sockets:
-            s.close()
-        return ip, ports
+        from actorserve.runtime.actors.addresses import free_ports
+
+        ip = ray.util.get_node_ip_address()
+        return ip, free_ports(ip, count)
 
     async def start(self, role: str, config: EngineConfig, addresses: Addresses, rank: int) -> dict:
         """Build the actor and run it; returns its ready info, or raises what stopped its start."""
@@ -188,9 +182,10 @@ class RayEngine:
             self._hosts.append(remote.options(num_cpus=share.get("CPU", 0), num_gpus=share.get("GPU", 0),
                                               scheduling_strategy=strategy, runtime_env=runtime_env)
                                .remote(level, name))
-        nodes = await _gather(ray, [h.node_ports.remote(4) for h in self._hosts])
+        # the scheduler shares stage 0's bundle, so one node holds all four listeners: one pick keeps them apart
+        (node,) = await _gather(ray, [self._hosts[-1].node_ports.remote(4)])
         self._pids = dict(zip(self._names, await _gather(ray, [h.pid.remote() for h in self._hosts])))
-        config, self.addresses = _wired(self.config, nodes)
+        config, self.addresses = _wired(self.config, node)
         jobs = [h.start.remote("worker", config, self.addresses, rank) for rank, h in enumerate(self._hosts[:-1])]
         jobs.append(self._hosts[-1].start.remote("scheduler", config, self.addresses, 0))
         try:
@@ -289,16 +284,14 @@ def _bundle(config: EngineConfig, cluster: dict) -> dict[str, float]:
     return {"CPU": float(threads)}
 
 
-def _wired(config: EngineConfig, nodes: list[tuple[str, list[int]]]) -> tuple[EngineConfig, Addresses]:
-    """Addresses on the nodes that the hosts reported (stages first, the scheduler last), and stage 0's node
-    as the pipeline's rendezvous."""
+def _wired(config: EngineConfig, node: tuple[str, list[int]]) -> tuple[EngineConfig, Addresses]:
+    """Addresses on the node of the scheduler and stage 0, stage 0 the pipeline's rendezvous."""
     import dataclasses
 
-    (first_ip, first_ports), (sched_ip, sched_ports) = nodes[0], nodes[-1]
-    client = config.runtime.client_address or f"tcp://{sched_ip}:{sched_ports[0]}"
-    addresses = Addresses(client, f"tcp://{sched_ip}:{sched_ports[1]}", f"tcp://{first_ip}:{first_ports[2]}",
-                          "unused://control")
-    parallel = dataclasses.replace(config.parallel, master_addr=first_ip, master_port=first_ports[3])
+    ip, (client_port, scheduler_port, worker_port, master_port) = node
+    client = config.runtime.client_address or f"tcp://{ip}:{client_port}"
+    addresses = Addresses(client, f"tcp://{ip}:{scheduler_port}", f"tcp://{ip}:{worker_port}", "unused://control")
+    parallel = dataclasses.replace(config.parallel, master_addr=ip, master_port=master_port)
     return dataclasses.replace(config, parallel=parallel), addresses
 
 

@@ -9,10 +9,16 @@ fails at start-up and closes early must not take the folder from a sibling that 
 from __future__ import annotations
 
 import os
+import random
+import socket
 from dataclasses import dataclass
 
 
 LAUNCHER_MARK = "launcher"
+# Ray's workers listen on 10002-19999 unless told otherwise; ports for the engine's sockets are looked for
+# above them and below the kernel's ephemeral range
+_FIRST_PORT = 20000
+_EPHEMERAL_FALLBACK = (32768, 60999)
 
 
 @dataclass(frozen=True)
@@ -54,3 +60,45 @@ class Addresses:
     def inproc(cls, tag: str) -> "Addresses":
         return cls(f"inproc://{tag}-client", f"inproc://{tag}-scheduler", f"inproc://{tag}-worker0",
                    f"inproc://{tag}-control")
+
+
+def free_ports(host: str, count: int) -> list[int]:
+    """``count`` distinct ports that a listener on ``host`` can bind now, for sockets that bind later.
+
+    A free port is a promise that holds only until someone else binds it. A port taken with ``bind(0)``
+    comes from the kernel's ephemeral range, where every outgoing connection on the machine (and Ray makes
+    many) gets its own port too, so between the pick and the actor's bind a connect() can take it. These
+    are picked at random below that range, where only other listeners go, and all in one call, so that
+    they differ from each other. Where the ephemeral range leaves no room below it, ``bind(0)`` it is.
+    """
+    low = _ephemeral_range()[0]
+    choices = random.SystemRandom()  # independent of any seed a program or a test sets
+    held: list[socket.socket] = []
+    try:
+        for attempt in range(count * 64 if low - _FIRST_PORT >= 1024 else 0):
+            if len(held) == count:
+                break
+            s = socket.socket()
+            try:
+                s.bind((host, choices.randrange(_FIRST_PORT, low)))
+            except OSError:
+                s.close()  # taken, or lingering in TIME_WAIT
+                continue
+            held.append(s)
+        while len(held) < count:
+            s = socket.socket()
+            s.bind((host, 0))
+            held.append(s)
+        return [s.getsockname()[1] for s in held]
+    finally:
+        for s in held:
+            s.close()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(x) for x in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return _EPHEMERAL_FALLBACK

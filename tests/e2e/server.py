@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,14 +13,14 @@ import urllib.request
 
 import psutil
 
+from actorserve.runtime.actors.addresses import free_ports
+
 API_KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports("127.0.0.1", 1)[0]
 
 
 class Server:

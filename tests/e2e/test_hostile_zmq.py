@@ -17,7 +17,7 @@ import zmq
 import zmq.utils.monitor
 
 from tests.e2e.hostile import Bounded, kv_tokens
-from tests.e2e.test_zmq_protocol import free_port
+from tests.e2e.server import free_port
 
 pack = msgspec.msgpack.encode
 unpack = msgspec.msgpack.decode

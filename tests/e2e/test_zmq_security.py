@@ -16,7 +16,7 @@ import zmq
 import zmq.auth
 
 from actorserve import EngineStartError, SamplingParams, ZmqClient
-from tests.e2e.test_zmq_protocol import free_port
+from tests.e2e.server import free_port
 
 KEY = "zmq-secret"
 pack, unpack = msgspec.msgpack.encode, msgspec.msgpack.decode
