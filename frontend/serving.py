@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
 import json
 import logging
 import time
@@ -234,8 +233,8 @@ _LOGGED_CHARS = 300
 def _changed(params: SamplingParams | BeamSearchParams) -> str:
     """The fields a request set, for its log line, cut short (a request may carry kilobytes of them); all of
     a beam search's."""
-    fields = ", ".join(f"{f.name}={getattr(params, f.name)!r}" for f in dataclasses.fields(params)
-                       if getattr(params, f.name) != getattr(_DEFAULTS, f.name, None))
+    fields = ", ".join(f"{name}={getattr(params, name)!r}" for name in params.__struct_fields__
+                       if getattr(params, name) != getattr(_DEFAULTS, name, None))
     return f"params: {fields[:_LOGGED_CHARS]}{'...' if len(fields) > _LOGGED_CHARS else ''}"
 
 

@@ -20,7 +20,6 @@ that stays paused ``stall_timeout`` seconds without its reader taking anything i
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import uuid
 from typing import AsyncIterator, Callable, Optional, Union
@@ -34,8 +33,7 @@ from actorserve.runtime.errors import EngineDeadError, EngineOverloadedError, En
 from actorserve.runtime.transport.channel import Channel
 from actorserve.runtime.transport.messages import (AbortRequest, AddRequest, ErrorReply, HealthPing, HealthPong,
                                                    PauseRequest, RequestOutputDelta, SleepRequest, SleepStatus,
-                                                   SleepStatusRequest, WakeUpRequest, WireBeamSearchParams,
-                                                   WireSamplingParams)
+                                                   SleepStatusRequest, WakeUpRequest)
 
 PromptInput = Union[str, list[int], dict]
 _HANDSHAKE_FAILED = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -188,11 +186,10 @@ class ZmqClient:
         try:
             try:
                 if isinstance(params, BeamSearchParams):
-                    beams = WireBeamSearchParams(**dataclasses.asdict(params))
-                    message = AddRequest(request_id, WireSamplingParams(), ids, text, beam_search=beams,
+                    message = AddRequest(request_id, SamplingParams(), ids, text, beam_search=params,
                                          api_key=self.api_key)
                 else:
-                    message = AddRequest(request_id, to_wire(params), ids, text, api_key=self.api_key)
+                    message = AddRequest(request_id, params, ids, text, api_key=self.api_key)
                 await self._connect().send(message)
             except (OverflowError, TypeError) as exc:  # msgpack cannot carry it: no server can take it
                 raise ValueError(f"prompt_token_ids: {exc}") from None
@@ -292,13 +289,6 @@ class ZmqClient:
             self._channel.close()
         if self._own_ctx:
             self._ctx.term()
-
-
-def to_wire(params: SamplingParams) -> WireSamplingParams:
-    fields = {f: getattr(params, f) for f in WireSamplingParams.__struct_fields__}
-    if params.structured_outputs is not None:
-        fields["structured_outputs"] = params.structured_outputs.to_dict()
-    return WireSamplingParams(**fields)
 
 
 def _split_prompt(prompt: PromptInput) -> tuple[Optional[str], Optional[list[int]]]:

@@ -130,13 +130,13 @@ def _host_share(engine, args, params) -> float:
     13% to 16%. The profiler's work between operators counts as host time here
     (so the share errs high); its work inside a span, about 1-2 us of an operator, counts as operator time.
     The median of five rounds of six steps is reported."""
-    import dataclasses
+    import msgspec
     import statistics
 
     from torch.profiler import ProfilerActivity, profile
 
     rounds, steps = 5, 6
-    host_params = dataclasses.replace(params, max_tokens=2 + rounds * steps + 2, ignore_eos=True)
+    host_params = msgspec.structs.replace(params, max_tokens=2 + rounds * steps + 2, ignore_eos=True)
     for i, p in enumerate(_prompts(args.batch_size, args.input_len, engine.facts.vocab_size, args.seed + 1)):
         engine.add_request(f"host-{i}", p["prompt_token_ids"], host_params)
     while not all(r.prompt_done for r in engine.scheduler.running) or engine.scheduler.waiting:

@@ -38,6 +38,7 @@ from actorserve.runtime.heap import trim_heap
 from actorserve.runtime.text.tokenizer import encode
 from actorserve.runtime.transport.channel import Channel, Envelope, PeerNotReading
 from actorserve.runtime.transport.client_security import curve_server
+from actorserve.runtime.transport.codec import RefusedValue
 from actorserve.runtime.transport.messages import (PROTOCOL_VERSION, AbortRequest, AddRequest, ErrorReply, ExecuteBatch,
                                                    HealthPing, HealthPong, PauseRequest, RequestOutputDelta,
                                                    RequestTimings,
@@ -193,12 +194,11 @@ class SchedulerActor(Actor):
         rid = _engine_id(origin, message.request_id)
         try:
             if message.version != PROTOCOL_VERSION:
-                raise ValueError(f"protocol version {message.version} is not supported (this is {PROTOCOL_VERSION})")
+                raise ValueError(_version_refused(message.version))
             if message.beam_search is not None:
-                params = BeamSearchParams(**msgspec.structs.asdict(message.beam_search))
-                structured = None
+                params, structured = message.beam_search, None
             else:
-                params = SamplingParams(**msgspec.structs.asdict(message.params))
+                params = message.params
                 structured = params.structured_outputs
             if rid in self._tokenizing:
                 raise ValueError(f"request_id {message.request_id!r} is already in use")
@@ -435,6 +435,14 @@ class SchedulerActor(Actor):
         self.stop()
 
     async def on_reject(self, envelope: Envelope, reason: str) -> None:
+        refused = envelope.error
+        if isinstance(refused, RefusedValue) and refused.request_id is not None and envelope.origin is not None:
+            # a request whose params are out of range: refused as the handler refuses a bad request
+            if await self._authorized(refused, envelope):
+                if refused.version != PROTOCOL_VERSION:
+                    reason = _version_refused(refused.version)
+                await self._reply(ErrorReply("ValueError", reason, refused.request_id), to=envelope.origin)
+            return
         log.warning("rejected a message: %s", reason)
         if envelope.drop_peer and envelope.peer is not None:
             # before the reply: once answered, the client may close, and its descriptor serve a new client
@@ -444,6 +452,10 @@ class SchedulerActor(Actor):
             trim_heap()  # what libzmq buffered of the message
         if envelope.origin is not None:
             await self._reply(ErrorReply("ProtocolError", reason), to=envelope.origin)
+
+
+def _version_refused(version: int) -> str:
+    return f"protocol version {version} is not supported (this is {PROTOCOL_VERSION})"
 
 
 def _engine_id(origin: Optional[bytes], request_id: str) -> str:

@@ -18,6 +18,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+import msgspec
+
 from actorserve.runtime.engine.outputs import Logprob
 from actorserve.runtime.engine.sampling_params import MAX_LOGPROBS, SamplingParams
 
@@ -26,9 +28,9 @@ from actorserve.runtime.engine.sampling_params import MAX_LOGPROBS, SamplingPara
 MAX_LENGTH_PENALTY = 10.0
 
 
-@dataclass(frozen=True)
-class BeamSearchParams:
-    """vLLM's: beams kept a step, tokens to generate, and the score's length penalty."""
+class BeamSearchParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
+    """vLLM's: beams kept a step, tokens to generate, and the score's length penalty; a msgspec Struct,
+    as SamplingParams, so that ``add_request`` carries this same object."""
 
     beam_width: int
     max_tokens: int

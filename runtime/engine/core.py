@@ -20,7 +20,7 @@ from typing import Optional, Protocol, Union
 
 from actorserve.runtime.config import EngineConfig
 from actorserve.runtime.engine.beam_search import BeamSearch, BeamSearchParams
-from actorserve.runtime.engine.batch import ModelRunnerOutput, PromptLogprobs, SchedulerOutput, TokenLogprobs
+from actorserve.runtime.transport.messages import ModelRunnerOutput, PromptLogprobs, SchedulerOutput, TokenLogprobs
 from actorserve.runtime.text.detokenizer import IncrementalDetokenizer
 from actorserve.runtime.engine.kv_cache_manager import KVCacheManager
 from actorserve.runtime.engine.outputs import (CompletionOutput, Logprob, RequestMetrics, RequestOutput, RequestUpdate,

@@ -1,7 +1,10 @@
 """SamplingParams with vLLM's names, validated when built; the one validator of every request.
 
-Range checks happen at construction, whoever builds the params: the HTTP frontend, the scheduler
-decoding a ZMQ ``add_request``, or a Python caller. Checks that need the engine (token ids against the
+SamplingParams is a msgspec Struct: the object a Python caller or the HTTP frontend builds is the one the
+ZMQ protocol carries (``add_request``'s ``params``) and the scheduler hands its workers, so a setting has
+one definition from the request to the sampler. Range checks happen at construction, whoever builds the
+params: the HTTP frontend, the codec decoding a ZMQ ``add_request`` or a worker's batch, or a Python
+caller. Checks that need the engine (token ids against the
 vocabulary, lengths against the context, ``n`` against the configured maximum) are ``verify_request``,
 run by the frontend before it sends and by the engine when it admits, so the three ways in refuse the
 same things with the same words. Every bound is finite: an integer that reaches torch or msgpack fits
@@ -9,10 +12,11 @@ in 64 bits, every list has a ceiling, and a float is finite.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Optional, Union
+
+import msgspec
 
 GREEDY_TEMPERATURE = 1e-5  # below it, sampling is greedy: is_greedy is the one place that decides
 
@@ -35,8 +39,7 @@ MAX_CHOICES = 1024
 TOP_K_MAX = (1 << 31) - 1  # top_k is clamped to the vocabulary when sampled
 
 
-@dataclass
-class StructuredOutputsParams:
+class StructuredOutputsParams(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     """vLLM's structured outputs: exactly one of these constrains what may be generated
     (``runtime.engine.structured_outputs``): a JSON schema (a dict or its text), any JSON object, a
     regular expression, one of a list of strings, or an EBNF (GBNF-style) grammar."""
@@ -85,14 +88,16 @@ class StructuredOutputsParams:
         if isinstance(value, cls):
             return value
         _check(isinstance(value, dict), "structured_outputs", f"must be an object, got {type(value).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = set(cls.__struct_fields__)
         unknown = sorted(set(value) - known)
         _check(not unknown, "structured_outputs", f"has unknown keys {unknown} (known: {sorted(known)})")
         return cls(**value)
 
 
-@dataclass
-class SamplingParams:
+class SamplingParams(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
+    """Unset fields take vLLM's defaults; an unknown one is refused where it is decoded (a misspelt
+    parameter must not be silently ignored)."""
+
     n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
@@ -214,7 +219,8 @@ class SamplingParams:
         The prompt's logprobs are the same for every sample: the first computes them, and the others
         may take its prompt from the prefix cache."""
         seed = None if self.seed is None else (self.seed + index) % (1 << 64)
-        return dataclasses.replace(self, n=1, seed=seed, prompt_logprobs=self.prompt_logprobs if index == 0 else None)
+        return msgspec.structs.replace(self, n=1, seed=seed,
+                                       prompt_logprobs=self.prompt_logprobs if index == 0 else None)
 
 
 @dataclass(frozen=True)

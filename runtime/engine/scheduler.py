@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Optional
 
 from actorserve.runtime.config import SchedulerConfig
-from actorserve.runtime.engine.batch import NewRequest, SamplingSpec, ScheduledChunk, SchedulerOutput
+from actorserve.runtime.transport.messages import NewRequest, ScheduledChunk, SchedulerOutput
 from actorserve.runtime.engine.kv_cache_manager import KVCacheManager
 from actorserve.runtime.engine.request import Request, RequestStatus
 from actorserve.runtime.engine.spec_decode import TO_PROPOSE, SpecDecodeStats, make_proposer
@@ -193,7 +193,9 @@ class Scheduler:
         for request, n, drafts in scheduled:
             if request.request_id not in self._known_to_worker:
                 self._known_to_worker.add(request.request_id)
-                new_requests.append(NewRequest(request.request_id, request.prompt_token_ids, _spec(request)))
+                new_requests.append(NewRequest(
+                    request.request_id, request.prompt_token_ids, request.params,
+                    None if request.params.ignore_eos else request.eos_token_id, request.bad_words_token_ids))
             start, real = request.num_computed_tokens, n - len(drafts)
             proposed = bool(drafts) and drafts[0] == TO_PROPOSE  # the worker's draft model fills them
             tokens = request.token_slice(start, start + real) + ([] if proposed else drafts)
@@ -247,15 +249,3 @@ def _blocked_on_sibling(request: Request) -> bool:
         request.wait_for = None
         return False
     return True
-
-
-def _spec(request: Request) -> SamplingSpec:
-    p = request.params
-    return SamplingSpec(
-        temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p, seed=p.seed,
-        presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
-        repetition_penalty=p.repetition_penalty, logit_bias=p.logit_bias, min_tokens=p.min_tokens,
-        stop_token_ids=list(p.stop_token_ids), eos_token_id=None if p.ignore_eos else request.eos_token_id,
-        logprobs=p.logprobs, prompt_logprobs=p.prompt_logprobs, allowed_token_ids=p.allowed_token_ids,
-        bad_words_token_ids=request.bad_words_token_ids,
-    )

@@ -24,7 +24,7 @@ from typing import Optional
 import msgspec
 import torch
 
-from actorserve.runtime.engine.batch import ScheduledChunk, SchedulerOutput
+from actorserve.runtime.transport.messages import ScheduledChunk, SchedulerOutput
 from actorserve.runtime.model.sampler import Sampler, SamplingRow, noise_stream
 
 
@@ -54,7 +54,7 @@ class DraftModelProposer:
         for rid in batch.finished_request_ids:
             self._states.pop(rid, None)
         for new in batch.new_requests:
-            seed = new.sampling.seed
+            seed = new.params.seed
             self._states[new.request_id] = _DraftState(
                 None if seed is None else noise_stream(seed, "draft", self.runner.device))
         feeds = [self._feed(chunk) for chunk in batch.chunks]
@@ -68,10 +68,10 @@ class DraftModelProposer:
         while True:
             draft_rows = [rows[c.request_id] for c in active]
             probs, argmax, _ = self.sampler.distributions(
-                logits, [SamplingRow(r.spec, None, r.prompt_ids, r.output_ids + drafts[c.request_id])
+                logits, [dataclasses.replace(r, generator=None, output_ids=r.output_ids + drafts[c.request_id])
                          for c, r in zip(active, draft_rows)])
             for i, (c, r) in enumerate(zip(active, draft_rows)):
-                if r.spec.greedy:
+                if r.params.greedy:
                     token = int(argmax[i])
                 else:
                     dists[c.request_id].append(probs[i])

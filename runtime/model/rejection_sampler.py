@@ -20,11 +20,12 @@ the step), so every token that comes out is one the grammar takes.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch
 
-from actorserve.runtime.engine.batch import TokenLogprobs
+from actorserve.runtime.transport.messages import TokenLogprobs
 from actorserve.runtime.model.sampler import Sampler, SamplingRow
 
 
@@ -42,15 +43,15 @@ def verify(sampler: Sampler, logits: torch.Tensor, rows: list[SamplingRow], draf
     for i, (row, draft) in enumerate(zip(rows, drafts)):
         mask = masks[i] if masks is not None else None
         for j in range(len(draft) + 1):  # row j has seen the drafts before it, and has its grammar's mask
-            expanded.append(SamplingRow(row.spec, row.generator, row.prompt_ids, row.output_ids + draft[:j],
-                                        None if mask is None else mask[j]))
+            expanded.append(dataclasses.replace(row, output_ids=row.output_ids + draft[:j],
+                                                allowed=None if mask is None else mask[j]))
     probs, argmax, state = sampler.distributions(logits, expanded)
     tokens: list[list[int]] = []
     token_rows: list[int] = []  # the row each token that came out was drawn at, for its logprobs
     at = 0
     for i, (row, draft) in enumerate(zip(rows, drafts)):
         q = draft_probs[i] if draft_probs is not None else None
-        greedy = row.spec.greedy
+        greedy = row.params.greedy
         out: list[int] = []
         for j in range(len(draft) + 1):
             r = at + j

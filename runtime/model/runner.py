@@ -17,7 +17,7 @@ import torch
 from actorserve.kernels.attention import AttentionMetadata, SequenceGroup
 from actorserve.kernels.attention.selector import AttentionNeeds
 from actorserve.kernels.attention.selector import select as select_attention
-from actorserve.runtime.engine.batch import ModelRunnerOutput, PromptLogprobs, ScheduledChunk, SchedulerOutput
+from actorserve.runtime.transport.messages import ModelRunnerOutput, PromptLogprobs, ScheduledChunk, SchedulerOutput
 from actorserve.runtime.engine.structured_outputs import bitmask_to_allowed
 from actorserve.runtime.model.arch_config import ArchConfig
 from actorserve.runtime.model.cuda_graphs import DecodeGraphs
@@ -196,13 +196,13 @@ class ModelRunner:
         out: dict[str, PromptLogprobs] = {}
         for chunk, first_row in inputs.chunk_rows:
             row = self._rows.get(chunk.request_id)
-            if row is None or row.spec.prompt_logprobs is None:
+            if row is None or row.params.prompt_logprobs is None:
                 continue
             prompt = row.prompt_ids
             first, last = chunk.start + 1, min(chunk.start + len(chunk.token_ids), len(prompt) - 1)
             if last < first:
                 continue
-            top_n = row.spec.prompt_logprobs
+            top_n = row.params.prompt_logprobs
             values, ranks, top_ids, top_values = [], [], [], []
             for lo in range(first, last + 1, _PROMPT_LOGPROB_ROWS):
                 hi = min(lo + _PROMPT_LOGPROB_ROWS, last + 1)
@@ -222,9 +222,11 @@ class ModelRunner:
         for rid in batch.finished_request_ids:
             self._rows.pop(rid, None)
         for new in batch.new_requests:
-            seed = new.sampling.seed
+            seed = new.params.seed
             generator = None if seed is None else noise_stream(seed, "target", self.device)
-            self._rows[new.request_id] = SamplingRow(new.sampling, generator, list(new.prompt_token_ids), [])
+            self._rows[new.request_id] = SamplingRow(new.params, generator, list(new.prompt_token_ids), [],
+                                                     eos_token_id=new.eos_token_id,
+                                                     bad_words_token_ids=new.bad_words_token_ids)
 
     # -- CUDA graphs ------------------------------------------------------------------------------------------
     def capture_graphs(self) -> None:

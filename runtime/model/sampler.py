@@ -17,19 +17,24 @@ import torch
 
 from actorserve.kernels import triton as triton_kernels
 from actorserve.kernels.elementwise import argmax
-from actorserve.runtime.engine.batch import SamplingSpec, TokenLogprobs
+from actorserve.runtime.engine.sampling_params import SamplingParams
+from actorserve.runtime.transport.messages import TokenLogprobs
 
 
 @dataclass
 class SamplingRow:
-    """One row of the batch: its spec, its generator (seeded requests only), its token history, and for
-    this step only, the tokens its grammar allows (structured outputs; None: any)."""
+    """One row of the batch: its request's params, its generator (seeded requests only), its token history,
+    for this step only the tokens its grammar allows (structured outputs; None: any), and what the engine
+    derived from the model for it: the EOS id (None where EOS is ignored), masked with the stop ids until
+    min_tokens are out, and each bad word's tokens as the tokenizer splits it."""
 
-    spec: SamplingSpec
+    params: SamplingParams
     generator: Optional[torch.Generator]
     prompt_ids: list[int]
     output_ids: list[int]
     allowed: Optional[torch.Tensor] = None
+    eos_token_id: Optional[int] = None
+    bad_words_token_ids: Optional[list[list[int]]] = None
 
 
 def stream_seed(seed: int, role: str) -> int:
@@ -57,7 +62,7 @@ class Sampler:
         if all(_plain_greedy(r) for r in rows):
             return argmax(logits).tolist(), [None] * len(rows)
         logits, logprobs = _processed(logits, rows)
-        greedy = [r.spec.greedy for r in rows]
+        greedy = [r.params.greedy for r in rows]
         if all(greedy):
             tokens = logits.argmax(dim=-1)
         else:
@@ -72,7 +77,7 @@ class Sampler:
         if all(_plain_greedy(r) for r in rows):
             return None, argmax(logits), None
         logits, logprobs = _processed(logits, rows)
-        greedy = [r.spec.greedy for r in rows]
+        greedy = [r.params.greedy for r in rows]
         probs = None if all(greedy) else _probabilities(logits, rows, greedy)
         return probs, logits.argmax(dim=-1), logprobs
 
@@ -108,8 +113,8 @@ class Sampler:
         if kernel is not None:  # top-k / top-p and the race in one launch, on the same noise
             scaled = _apply_min_p(_scaled(logits, rows, greedy), rows)
             vocab = logits.shape[1]
-            k = torch.tensor([r.spec.top_k if 0 < r.spec.top_k < vocab else 0 for r in rows], device=logits.device)
-            p = torch.tensor([r.spec.top_p for r in rows], dtype=torch.float32, device=logits.device)
+            k = torch.tensor([r.params.top_k if 0 < r.params.top_k < vocab else 0 for r in rows], device=logits.device)
+            p = torch.tensor([r.params.top_p for r in rows], dtype=torch.float32, device=logits.device)
             sampled = kernel.top_k_top_p_sample(scaled, k, p, noise)
         else:
             sampled = (_probabilities(logits, rows, greedy) / noise).argmax(dim=-1)
@@ -131,7 +136,7 @@ def _processed(logits: torch.Tensor, rows: list[SamplingRow]):
 
 def _scaled(logits: torch.Tensor, rows: list[SamplingRow], greedy: list[bool]) -> torch.Tensor:
     """Processed logits over each row's temperature (greedy rows at temperature 1)."""
-    temps = torch.tensor([1.0 if g else r.spec.temperature for r, g in zip(rows, greedy)], dtype=torch.float32,
+    temps = torch.tensor([1.0 if g else r.params.temperature for r, g in zip(rows, greedy)], dtype=torch.float32,
                          device=logits.device)
     return logits / temps[:, None]
 
@@ -145,11 +150,11 @@ def _probabilities(logits: torch.Tensor, rows: list[SamplingRow], greedy: list[b
 
 def _plain_greedy(row: SamplingRow) -> bool:
     """A row whose token is the argmax of its raw logits: greedy, and nothing below alters or reads them."""
-    spec = row.spec
-    return (spec.greedy and spec.logprobs is None and not spec.logit_bias and row.allowed is None
-            and spec.allowed_token_ids is None and not spec.bad_words_token_ids
-            and len(row.output_ids) >= spec.min_tokens and spec.repetition_penalty == 1.0
-            and spec.presence_penalty == 0.0 and spec.frequency_penalty == 0.0)
+    params = row.params
+    return (params.greedy and params.logprobs is None and not params.logit_bias and row.allowed is None
+            and params.allowed_token_ids is None and not row.bad_words_token_ids
+            and len(row.output_ids) >= params.min_tokens and params.repetition_penalty == 1.0
+            and params.presence_penalty == 0.0 and params.frequency_penalty == 0.0)
 
 
 def _apply_bias_and_min_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
@@ -157,21 +162,21 @@ def _apply_bias_and_min_tokens(logits: torch.Tensor, rows: list[SamplingRow]) ->
     grammar's mask."""
     cloned = False
     for i, row in enumerate(rows):
-        spec = row.spec
-        banned = _banned_bad_words(spec.bad_words_token_ids, row.output_ids) if spec.bad_words_token_ids else []
-        if len(row.output_ids) < spec.min_tokens:
-            banned += list(spec.stop_token_ids) + ([spec.eos_token_id] if spec.eos_token_id is not None else [])
-        if not spec.logit_bias and not banned and spec.allowed_token_ids is None and row.allowed is None:
+        params = row.params
+        banned = _banned_bad_words(row.bad_words_token_ids, row.output_ids) if row.bad_words_token_ids else []
+        if len(row.output_ids) < params.min_tokens:
+            banned += list(params.stop_token_ids) + ([row.eos_token_id] if row.eos_token_id is not None else [])
+        if not params.logit_bias and not banned and params.allowed_token_ids is None and row.allowed is None:
             continue
         if not cloned:
             logits, cloned = logits.clone(), True
-        if spec.logit_bias:
-            ids = torch.tensor(list(spec.logit_bias.keys()), dtype=torch.long, device=logits.device)
-            logits[i].index_add_(0, ids, torch.tensor(list(spec.logit_bias.values()), dtype=logits.dtype,
+        if params.logit_bias:
+            ids = torch.tensor(list(params.logit_bias.keys()), dtype=torch.long, device=logits.device)
+            logits[i].index_add_(0, ids, torch.tensor(list(params.logit_bias.values()), dtype=logits.dtype,
                                                       device=logits.device))
-        if spec.allowed_token_ids is not None:
+        if params.allowed_token_ids is not None:
             keep = torch.zeros(logits.shape[1], dtype=torch.bool, device=logits.device)
-            keep[torch.tensor(spec.allowed_token_ids, dtype=torch.long, device=logits.device)] = True
+            keep[torch.tensor(params.allowed_token_ids, dtype=torch.long, device=logits.device)] = True
             logits[i].masked_fill_(~keep, float("-inf"))
         if banned:
             logits[i, torch.tensor(banned, dtype=torch.long, device=logits.device)] = float("-inf")
@@ -192,8 +197,8 @@ def _banned_bad_words(words: list[list[int]], output_ids: list[int]) -> list[int
 
 
 def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    idx = [i for i, r in enumerate(rows) if r.spec.repetition_penalty != 1.0
-           or r.spec.presence_penalty != 0.0 or r.spec.frequency_penalty != 0.0]
+    idx = [i for i, r in enumerate(rows) if r.params.repetition_penalty != 1.0
+           or r.params.presence_penalty != 0.0 or r.params.frequency_penalty != 0.0]
     if not idx:
         return logits
     logits = logits.clone()
@@ -207,18 +212,18 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Ten
         out_counts[j].index_add_(0, out, torch.ones(len(out), device=device))
         seen[j, torch.tensor(rows[i].prompt_ids, dtype=torch.long, device=device)] = True
     seen |= out_counts > 0
-    rep = torch.tensor([rows[i].spec.repetition_penalty for i in idx], device=device)[:, None]
+    rep = torch.tensor([rows[i].params.repetition_penalty for i in idx], device=device)[:, None]
     penalised = torch.where(sub > 0, sub / rep, sub * rep)
     sub = torch.where(seen, penalised, sub)
-    freq = torch.tensor([rows[i].spec.frequency_penalty for i in idx], device=device)[:, None]
-    pres = torch.tensor([rows[i].spec.presence_penalty for i in idx], device=device)[:, None]
+    freq = torch.tensor([rows[i].params.frequency_penalty for i in idx], device=device)[:, None]
+    pres = torch.tensor([rows[i].params.presence_penalty for i in idx], device=device)[:, None]
     sub = sub - freq * out_counts - pres * (out_counts > 0).float()
     logits[idx] = sub
     return logits
 
 
 def _apply_min_p(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    min_p = torch.tensor([r.spec.min_p for r in rows], dtype=torch.float32, device=logits.device)
+    min_p = torch.tensor([r.params.min_p for r in rows], dtype=torch.float32, device=logits.device)
     if not bool((min_p > 0).any()):
         return logits
     probs = logits.softmax(dim=-1)
@@ -228,8 +233,8 @@ def _apply_min_p(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
 
 def apply_top_k_top_p(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     vocab = logits.shape[1]
-    k = torch.tensor([r.spec.top_k if 0 < r.spec.top_k < vocab else vocab for r in rows], dtype=torch.long)
-    p = torch.tensor([r.spec.top_p for r in rows], dtype=torch.float32)
+    k = torch.tensor([r.params.top_k if 0 < r.params.top_k < vocab else vocab for r in rows], dtype=torch.long)
+    p = torch.tensor([r.params.top_p for r in rows], dtype=torch.float32)
     if bool((k == vocab).all()) and bool((p >= 1.0).all()):
         return logits
     return top_k_top_p_mask(logits, k, p)
@@ -252,7 +257,7 @@ def top_k_top_p_mask(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> 
 
 
 def _top_logprobs(logits: torch.Tensor, rows: list[SamplingRow]):
-    wanted = [r.spec.logprobs for r in rows]
+    wanted = [r.params.logprobs for r in rows]
     if all(w is None for w in wanted):
         return None
     return logits.log_softmax(dim=-1), wanted

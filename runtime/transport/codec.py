@@ -5,19 +5,21 @@ header). Sending aliases the tensor memory (no copy; the sender keeps it alive u
 see pending.py); the receiver copies once only where the received buffer is read-only. Decoding is typed
 and total: whatever the frames hold (not msgpack, an unknown type, nesting too deep, a tensor reference
 to a missing frame, a shape that does not match its buffer), decode raises ProtocolError and nothing
-else, so the caller replies and goes on.
+else, so the caller replies and goes on. A request of the right shape whose values its params refuse
+(SamplingParams' checks run as it is decoded) is a RefusedValue: a ProtocolError that still names the
+request, so that the request, not the connection, gets the error.
 """
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Optional, Sequence
 
 import msgspec
 import numpy as np
 import torch
 
 from actorserve.runtime.errors import ActorServeError
-from actorserve.runtime.transport.messages import Message
+from actorserve.runtime.transport.messages import PROTOCOL_VERSION, Message
 
 _NUMPY_VIEW = {torch.bfloat16: torch.int16}  # numpy has no bfloat16: travel as raw 16-bit words
 # The dtypes a tensor may travel as; a name outside this set is refused before torch sees it.
@@ -28,6 +30,22 @@ MAX_TENSOR_DIMS = 8
 
 class ProtocolError(ActorServeError):
     """A frame that does not decode to a known message of this protocol version."""
+
+
+class RefusedValue(ProtocolError):
+    """A message whose values its own checks refuse, with the fields that address and authorize it."""
+
+    def __init__(self, reason: str, header: "RequestHeader") -> None:
+        super().__init__(reason)
+        self.request_id, self.api_key, self.version = header.request_id, header.api_key, header.version
+
+
+class RequestHeader(msgspec.Struct):
+    """What a client request says about itself, read alone where the rest of it is refused."""
+
+    request_id: Optional[str] = None
+    api_key: Optional[str] = None
+    version: int = PROTOCOL_VERSION
 
 
 class TensorRef(msgspec.Struct, frozen=True, array_like=True):
@@ -41,6 +59,13 @@ class Codec:
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(Message)
         self._ref_decoder = msgspec.msgpack.Decoder(list[TensorRef])
+        self._header_decoder = msgspec.msgpack.Decoder(RequestHeader)
+
+    def _header(self, frame) -> RequestHeader:
+        try:
+            return self._header_decoder.decode(frame)
+        except msgspec.DecodeError:  # (it decoded once: only a field of the wrong type gets here)
+            return RequestHeader()
 
     def encode(self, message: Message, tensors: Sequence[torch.Tensor] = ()) -> list:
         """[header, refs, *tensor buffers]; the buffers alias the tensors, so keep them alive until sent."""
@@ -58,7 +83,11 @@ class Codec:
         try:
             message = self._decoder.decode(frames[0])
             refs = self._ref_decoder.decode(frames[1]) if len(frames) > 1 else []
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except msgspec.ValidationError as exc:
+            if isinstance(exc.__cause__, ValueError):  # the right shape, a value out of range
+                raise RefusedValue(str(exc.__cause__), self._header(frames[0])) from None
+            raise ProtocolError(f"undecodable message: {exc}") from exc
+        except msgspec.DecodeError as exc:
             raise ProtocolError(f"undecodable message: {exc}") from exc
         except (RecursionError, MemoryError, OverflowError, ValueError, TypeError) as exc:
             raise ProtocolError(f"undecodable message: {type(exc).__name__}: {exc}") from None

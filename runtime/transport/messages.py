@@ -4,73 +4,29 @@ Runs in every process. The frontend sends AddRequest / AbortRequest to the sched
 RequestOutputDelta; the scheduler sends ExecuteBatch to the first worker and receives StepResult from the
 last (which announces itself with WorkerReady once loaded). Control-plane pings (HealthPing /
 HealthPong) and typed errors (ErrorReply) travel the same way.
-Structs are frozen and decoded by type; nothing is pickled. A new message means a Struct here, a member of
-``Message``, a ``handle_*`` on the receiving actor and a round-trip test.
+Structs are decoded by type; nothing is pickled. The params a request carries are the Python API's own
+SamplingParams and BeamSearchParams, whose checks run as they are decoded (the codec tells a value they
+refuse from a message of the wrong shape). A new message means a Struct here, a member of ``Message``, a
+``handle_*`` on the receiving actor and a round-trip test.
 """
 from __future__ import annotations
 
-import dataclasses
-import typing
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
 import msgspec
 
-from actorserve.runtime.engine.batch import ModelRunnerOutput, SchedulerOutput
 from actorserve.runtime.engine.beam_search import BeamSearchParams
+from actorserve.runtime.engine.sampling_params import SamplingParams
 
 PROTOCOL_VERSION = 1
 
 
-class WireSamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
-    """SamplingParams as a client sends them; unset fields take vLLM's defaults, an unknown one is refused
-    (a misspelt parameter must not be silently ignored). Ranges are SamplingParams' to check."""
-
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    seed: Optional[int] = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    logit_bias: Optional[dict[int, float]] = None
-    stop: Optional[list[str]] = None
-    stop_token_ids: Optional[list[int]] = None
-    ignore_eos: bool = False
-    max_tokens: Optional[int] = 16
-    min_tokens: int = 0
-    logprobs: Optional[int] = None
-    prompt_logprobs: Optional[int] = None
-    skip_special_tokens: bool = True
-    include_stop_str_in_output: bool = False
-    allowed_token_ids: Optional[list[int]] = None
-    bad_words: Optional[list[str]] = None
-    truncate_prompt_tokens: Optional[int] = None
-    # structured outputs: one of json (a schema object or its text), regex, choice, grammar, json_object
-    structured_outputs: Optional[dict[str, Any]] = None
-
-
-def _wire_shape(name: str, cls) -> type:
-    """A dataclass's fields as a wire Struct, derived (not a copy that could drift): types checked when
-    decoded, an unknown field refused; the dataclass checks the ranges when the receiver builds it."""
-    hints = typing.get_type_hints(cls)
-    fields = [(f.name, hints[f.name]) if f.default is dataclasses.MISSING else (f.name, hints[f.name], f.default)
-              for f in dataclasses.fields(cls)]
-    return msgspec.defstruct(name, fields, frozen=True, omit_defaults=True, forbid_unknown_fields=True,
-                             module=__name__)
-
-
-# BeamSearchParams as a client sends them
-WireBeamSearchParams = _wire_shape("WireBeamSearchParams", BeamSearchParams)
-
-
 class AddRequest(msgspec.Struct, tag="add_request", frozen=True):
     request_id: str
-    params: WireSamplingParams
+    params: SamplingParams
     prompt_token_ids: Optional[list[int]] = None
     prompt: Optional[str] = None  # tokenized by the receiver when no ids are given
-    beam_search: Optional[WireBeamSearchParams] = None  # a beam search instead of sampling (params unused)
+    beam_search: Optional[BeamSearchParams] = None  # a beam search instead of sampling (params unused)
     version: int = PROTOCOL_VERSION
     api_key: Optional[str] = None  # required when the server has one (docs/protocol.md)
 
@@ -192,6 +148,81 @@ class SleepStatus(msgspec.Struct, tag="sleep_status", frozen=True):
     level: Optional[int] = None
     released: dict[str, int] = {}
     error: Optional[str] = None
+
+
+# -- one engine step: what the scheduler hands the first worker and what comes back from the last; in one
+# process these are passed as they are --------------------------------------------------------------------
+
+class NewRequest(msgspec.Struct, frozen=True):
+    """A request the workers see for the first time: its params, and what the engine derived for it from
+    the model (the EOS id, None where EOS is ignored; each bad word's tokens, as the tokenizer splits it)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    eos_token_id: Optional[int] = None
+    bad_words_token_ids: Optional[list[list[int]]] = None
+
+
+class ScheduledChunk(msgspec.Struct, frozen=True):
+    """Tokens of one request to run this step, starting at position ``start``; the last ``num_draft`` of
+    them are draft tokens (speculative decoding) for the sampler to verify. ``propose``: the worker's
+    draft model proposes that many drafts and appends them first (their KV slots are allocated)."""
+
+    request_id: str
+    token_ids: list[int]
+    start: int
+    block_ids: list[int]
+    sample: bool  # this chunk reaches the request's last token: sample the next one (and verify the drafts)
+    num_draft: int = 0
+    propose: int = 0
+    # structured outputs: the tokens its grammar allows next (int32 words; bit j of word i is token 32 i + j)
+    grammar_bitmask: Optional[bytes] = None
+    state_slot: int = -1  # the request's slot in the worker's recurrent-state cache (hybrid models; else -1)
+
+
+class SchedulerOutput(msgspec.Struct, frozen=True):
+    step: int
+    new_requests: list[NewRequest]
+    chunks: list[ScheduledChunk]
+    finished_request_ids: list[str]  # the worker drops its per-request sampling state for these
+    # (source, destination) KV blocks to copy in every layer before the step runs: a forked beam's own copy
+    # of its parent's last, partly filled block (copy-on-write)
+    block_copies: list[tuple[int, int]] = []
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(c.token_ids) for c in self.chunks)
+
+
+class TokenLogprobs(msgspec.Struct, frozen=True):
+    """The sampled token's logprob and rank, and the top-N alternatives, from the raw logits."""
+
+    logprob: float
+    rank: int
+    top_token_ids: list[int]
+    top_logprobs: list[float]
+
+
+class PromptLogprobs(msgspec.Struct, frozen=True):
+    """Logprobs of the prompt tokens at positions ``start``, ``start + 1``, ...: what one chunk's rows
+    predicted for the tokens that follow them (a chunk never covers position 0, which has none)."""
+
+    start: int
+    logprobs: list[float]
+    ranks: list[int]
+    top_token_ids: list[list[int]]
+    top_logprobs: list[list[float]]
+
+
+class ModelRunnerOutput(msgspec.Struct, frozen=True):
+    """Each sampled request's new tokens: the drafts it kept, then one of the model's own (one token
+    without drafts); and their logprobs, for the requests that asked."""
+
+    step: int
+    sampled: dict[str, list[int]]
+    logprobs: dict[str, list[TokenLogprobs]]
+    prompt_logprobs: dict[str, PromptLogprobs] = {}
 
 
 class ExecuteBatch(msgspec.Struct, tag="execute_batch", frozen=True):

@@ -4,13 +4,15 @@ static buffers, padded to the captured size) gives the eager step's logits: the 
 no metadata of its own, so graph capture covers its decodes whole."""
 import torch
 
-from actorserve.runtime.engine.batch import NewRequest, SamplingSpec, ScheduledChunk, SchedulerOutput
+from actorserve.runtime.engine.sampling_params import SamplingParams
+
+from actorserve.runtime.transport.messages import NewRequest, ScheduledChunk, SchedulerOutput
 from actorserve.runtime.model.loader import load_model
 from actorserve.runtime.model.runner import ModelRunner
 from tests.conftest import save_tiny_model
 from tests.runtime.model.test_mla import SHAPE
 
-SPEC = SamplingSpec(0.0, 1.0, 0, 0.0, None, 0.0, 0.0, 1.0, None, 0, [], None, None)
+SPEC = SamplingParams(temperature=0.0)
 
 
 def test_mla_through_the_triton_backend_and_its_static_plan(tmp_path, device):

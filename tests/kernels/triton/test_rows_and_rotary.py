@@ -64,7 +64,7 @@ def test_the_models_row_operations_take_the_triton_kernels_on_a_gpu(tiny_llama_d
     """On a GPU the model's norms and activation go to these kernels (``kernels.elementwise``): here the
     route is opened for CPU tensors too, and a tiny Llama's logits match the torch path's."""
     from actorserve.kernels import elementwise
-    from actorserve.runtime.engine.batch import ScheduledChunk, SchedulerOutput
+    from actorserve.runtime.transport.messages import ScheduledChunk, SchedulerOutput
     from actorserve.runtime.model.loader import load_model
     from actorserve.runtime.model.runner import ModelRunner
 

@@ -25,15 +25,12 @@ def test_the_sampler_takes_the_kernel_on_a_gpu(monkeypatch, device):
     """On a GPU the sampler's sampled rows go to this kernel, on the same noise: here the route is opened
     for CPU tensors too, and seeded rows give the torch path's tokens."""
     from actorserve.kernels.triton import sampling
-    from actorserve.runtime.engine.batch import SamplingSpec
+    from actorserve.runtime.engine.sampling_params import SamplingParams
     from actorserve.runtime.model import sampler as sampler_module
     from actorserve.runtime.model.sampler import Sampler, SamplingRow, noise_stream
 
-    base = dict(temperature=0.9, top_p=1.0, top_k=0, min_p=0.0, seed=None, presence_penalty=0.0,
-                frequency_penalty=0.0, repetition_penalty=1.0, logit_bias=None, min_tokens=0, stop_token_ids=[],
-                eos_token_id=None, logprobs=None)
-    specs = [SamplingSpec(**{**base, **kw}) for kw in (dict(top_k=20), dict(top_p=0.8), dict(min_p=0.05),
-                                                       dict(temperature=0.0), dict(top_k=5, top_p=0.5), {})]
+    specs = [SamplingParams(**{"temperature": 0.9, **kw}) for kw in (
+        dict(top_k=20), dict(top_p=0.8), dict(min_p=0.05), dict(temperature=0.0), dict(top_k=5, top_p=0.5), {})]
     logits = torch.randn(len(specs), 500, generator=torch.Generator().manual_seed(5)).to(device) * 2
 
     def tokens():

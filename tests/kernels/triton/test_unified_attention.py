@@ -41,12 +41,13 @@ def test_a_mixed_step_matches_the_torch_backend(dtype, tile_elements, device, mo
 def test_a_tiny_llama_through_the_triton_backend(tiny_llama_dir, device):
     """The whole model, forced onto the triton backend (in the interpreter here), against the torch
     backend: prefill then two decode steps with a prefix in the cache."""
-    from actorserve.runtime.engine.batch import NewRequest, SamplingSpec, ScheduledChunk, SchedulerOutput
+    from actorserve.runtime.engine.sampling_params import SamplingParams
+    from actorserve.runtime.transport.messages import NewRequest, ScheduledChunk, SchedulerOutput
     from actorserve.runtime.model.loader import load_model
     from actorserve.runtime.model.runner import ModelRunner
 
     model = load_model(str(tiny_llama_dir), "float32", skip_tokenizer=True, device=device).model
-    spec = SamplingSpec(0.0, 1.0, 0, 0.0, None, 0.0, 0.0, 1.0, None, 0, [], None, None)
+    spec = SamplingParams(temperature=0.0)
     logits = {}
     for name in ("torch", "triton"):
         runner = ModelRunner(model, 16, 16, fast_decode=False, attention_backend=name, device=device)

@@ -5,7 +5,7 @@ from the slots its block table names: a wrong block table, a prefix-cache block 
 recompute at the wrong position changes the sampled tokens or fails an assertion. Draft tokens are
 verified as a greedy model verifies them.
 """
-from actorserve.runtime.engine.batch import ModelRunnerOutput
+from actorserve.runtime.transport.messages import ModelRunnerOutput
 
 
 class FakeExecutor:

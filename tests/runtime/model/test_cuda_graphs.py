@@ -63,12 +63,13 @@ def test_no_graphs_on_the_cpu_or_with_enforce_eager(tiny_llama_dir):
 
 @pytest.mark.cuda
 def test_replayed_decode_steps_give_the_eager_logits(tiny_llama_dir):
-    from actorserve.runtime.engine.batch import NewRequest, SamplingSpec, ScheduledChunk, SchedulerOutput
+    from actorserve.runtime.engine.sampling_params import SamplingParams
+    from actorserve.runtime.transport.messages import NewRequest, ScheduledChunk, SchedulerOutput
     from actorserve.runtime.model.loader import load_model
     from actorserve.runtime.model.runner import ModelRunner
 
     model = load_model(str(tiny_llama_dir), "bfloat16", skip_tokenizer=True, device="cuda").model
-    spec = SamplingSpec(0.0, 1.0, 0, 0.0, None, 0.0, 0.0, 1.0, None, 0, [], None, None)
+    spec = SamplingParams(temperature=0.0)
     results = {}
     for sizes in ((), (1, 2, 4, 8)):
         runner = ModelRunner(model, 32, 16, device="cuda", attention_backend="triton", graph_sizes=sizes)

@@ -6,7 +6,7 @@ import torch
 from actorserve.kernels.attention import cpu_decode
 from actorserve.kernels.elementwise import cpu_rows
 from actorserve.kernels.gemm import GgufQ8Weight, GgufWeight, gguf, gguf_q8, int8
-from actorserve.runtime.engine.batch import ScheduledChunk, SchedulerOutput
+from actorserve.runtime.transport.messages import ScheduledChunk, SchedulerOutput
 from actorserve.runtime.model import loader
 from actorserve.runtime.model.decode_fast_path import DecodeFastPath
 from actorserve.runtime.model.layers import Linear

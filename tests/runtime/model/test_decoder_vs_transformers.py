@@ -82,7 +82,7 @@ class RecordingExecutor:
         tokens = logits.argmax(dim=-1).tolist()
         for rid, tok in zip(inputs.sample_ids, tokens):
             self.runner._rows[rid].output_ids.append(tok)
-        from actorserve.runtime.engine.batch import ModelRunnerOutput
+        from actorserve.runtime.transport.messages import ModelRunnerOutput
         return ModelRunnerOutput(batch.step, {rid: [t] for rid, t in zip(inputs.sample_ids, tokens)}, {})
 
 

@@ -6,21 +6,18 @@ import math
 import pytest
 import torch
 
-from actorserve.runtime.engine.batch import SamplingSpec
+from actorserve.runtime.engine.sampling_params import SamplingParams
 from actorserve.runtime.model.rejection_sampler import verify
 from actorserve.runtime.model.sampler import Sampler, SamplingRow
 
 V = 8
 
 
-def spec(**kw) -> SamplingSpec:
-    base = dict(temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, seed=None, presence_penalty=0.0,
-                frequency_penalty=0.0, repetition_penalty=1.0, logit_bias=None, min_tokens=0, stop_token_ids=[],
-                eos_token_id=None, logprobs=None)
-    return SamplingSpec(**{**base, **kw})
+def spec(**kw) -> SamplingParams:
+    return SamplingParams(**{"temperature": 1.0, **kw})
 
 
-def row(s: SamplingSpec, seed=None) -> SamplingRow:
+def row(s: SamplingParams, seed=None) -> SamplingRow:
     return SamplingRow(s, None if seed is None else torch.Generator().manual_seed(seed), [1, 2], [])
 
 

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from actorserve.runtime.engine.batch import SamplingSpec
+from actorserve.runtime.engine.sampling_params import SamplingParams
 from actorserve.runtime.model.sampler import Sampler, SamplingRow
 
 LOGITS = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -2.0])
@@ -12,11 +12,7 @@ SAMPLES = 20_000
 
 
 def spec(**kw):
-    base = dict(temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, seed=None, presence_penalty=0.0,
-                frequency_penalty=0.0, repetition_penalty=1.0, logit_bias=None, min_tokens=0,
-                stop_token_ids=[], eos_token_id=None, logprobs=None)
-    base.update(kw)
-    return SamplingSpec(**base)
+    return SamplingParams(**{"temperature": 1.0, **kw})
 
 
 def draw(s, n=SAMPLES, seed=0):
@@ -113,8 +109,8 @@ def test_penalties_bias_and_min_tokens():
     s = spec(temperature=0.0, logit_bias={7: 100.0})
     tokens, _ = Sampler()(LOGITS[None], [SamplingRow(s, None, [], [])])
     assert tokens == [7]
-    s = spec(temperature=0.0, min_tokens=2, eos_token_id=0, stop_token_ids=[1])
-    tokens, _ = Sampler()(LOGITS[None], [SamplingRow(s, None, [], [5])])
+    s = spec(temperature=0.0, min_tokens=2, stop_token_ids=[1])
+    tokens, _ = Sampler()(LOGITS[None], [SamplingRow(s, None, [], [5], eos_token_id=0)])
     assert tokens == [2]
     s = spec(temperature=0.0, frequency_penalty=0.3)
     tokens, _ = Sampler()(LOGITS[None], [SamplingRow(s, None, [], [0, 0, 0])])  # 2 - 0.9 < 1.5
@@ -150,9 +146,9 @@ def test_allowed_token_ids_limit_the_draw_but_not_the_logprobs():
 
 def test_bad_words_ban_the_token_that_would_complete_them():
     greedy = dict(temperature=0.0)
-    one = SamplingRow(spec(bad_words_token_ids=[[0]], **greedy), None, [], [])
+    one = SamplingRow(spec(**greedy), None, [], [], bad_words_token_ids=[[0]])
     assert Sampler(0)(LOGITS[None, :], [one])[0] == [1]
     # the two-token word [4, 0]: banned only right after a 4
-    after = SamplingRow(spec(bad_words_token_ids=[[4, 0]], **greedy), None, [], [7, 4])
-    before = SamplingRow(spec(bad_words_token_ids=[[4, 0]], **greedy), None, [], [4, 7])
+    after = SamplingRow(spec(**greedy), None, [], [7, 4], bad_words_token_ids=[[4, 0]])
+    before = SamplingRow(spec(**greedy), None, [], [4, 7], bad_words_token_ids=[[4, 0]])
     assert Sampler(0)(LOGITS.repeat(2, 1), [after, before])[0] == [1, 0]

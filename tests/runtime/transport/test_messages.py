@@ -1,20 +1,26 @@
-"""Every wire type survives the codec unchanged; garbage is a ProtocolError, never a crash."""
+"""Every wire type survives the codec unchanged; garbage is a ProtocolError, never a crash; a request whose
+params are out of range is a RefusedValue that still names it."""
 import typing
 
 import msgspec
 import pytest
 import torch
 
-from actorserve.runtime.engine.batch import (ModelRunnerOutput, NewRequest, PromptLogprobs, SamplingSpec,
-                                             ScheduledChunk, SchedulerOutput, TokenLogprobs)
+from actorserve.runtime.engine.beam_search import BeamSearchParams
+from actorserve.runtime.engine.sampling_params import SamplingParams
 from actorserve.runtime.transport import messages as m
-from actorserve.runtime.transport.codec import Codec, ProtocolError
+from actorserve.runtime.transport.codec import Codec, ProtocolError, RefusedValue
+from actorserve.runtime.transport.messages import (ModelRunnerOutput, NewRequest, PromptLogprobs, ScheduledChunk,
+                                                   SchedulerOutput, TokenLogprobs)
 
-SPEC = SamplingSpec(0.7, 0.9, 5, 0.0, 3, 0.0, 0.1, 1.1, {3: 1.5}, 2, [7], 2, 4)
+PARAMS = SamplingParams(temperature=0.7, top_p=0.9, top_k=5, seed=3, frequency_penalty=0.1, repetition_penalty=1.1,
+                        logit_bias={3: 1.5}, min_tokens=2, stop_token_ids=[7], logprobs=4, stop=["\n"],
+                        structured_outputs={"json": {"type": "object"}})
 EXAMPLES = [
-    m.AddRequest("r1", m.WireSamplingParams(temperature=0.0, stop=["\n"], logit_bias={5: -1.0}), [1, 2, 3]),
-    m.AddRequest("r2", m.WireSamplingParams(), prompt="hello"),
-    m.AddRequest("r3", m.WireSamplingParams(), [1, 2], beam_search=m.WireBeamSearchParams(4, 32, length_penalty=0.5)),
+    m.AddRequest("r1", SamplingParams(temperature=0.0, stop=["\n"], logit_bias={5: -1.0}), [1, 2, 3]),
+    m.AddRequest("r2", SamplingParams(), prompt="hello"),
+    m.AddRequest("r3", SamplingParams(), [1, 2], beam_search=BeamSearchParams(4, 32, length_penalty=0.5)),
+    m.AddRequest("r4", PARAMS, [1, 2]),
     m.AbortRequest("r1"),
     m.PauseRequest("r1"),
     m.PauseRequest("r1", False, api_key="k"),
@@ -28,7 +34,7 @@ EXAMPLES = [
     m.HealthPong(8, 0, 0, 0.0, 2, [1, 0, 3] + [0] * 11, 40),
     m.HealthPong(9, 1, 0, 0.5, 0, [], 0, 5, 20, 12, [5, 4, 2, 1]),
     m.RequestOutputDelta("r2", [], True, timings=m.RequestTimings(0.01, 0.2, 1.5, 1.7)),
-    m.ExecuteBatch(SchedulerOutput(4, [NewRequest("a", [1, 2], SPEC)],
+    m.ExecuteBatch(SchedulerOutput(4, [NewRequest("a", [1, 2], PARAMS, 2, [[4, 5]])],
                                    [ScheduledChunk("a", [1, 2], 0, [3], True),
                                     ScheduledChunk("b", [5, 6, 7], 9, [4], True, num_draft=2)], ["old"])),
     m.StepResult(ModelRunnerOutput(4, {"a": [9], "b": [6, 8]},
@@ -77,15 +83,22 @@ def test_garbage_is_a_protocol_error(frames):
         Codec().decode(frames)
 
 
-def test_wire_sampling_params_mirror_sampling_params():
-    """The wire struct is spelled out for the protocol's sake; it must not drift from SamplingParams."""
-    import dataclasses
+@pytest.mark.parametrize("params", [{"temperature": -1.0}, {"n": 2 ** 63}, {"stop_token_ids": [2 ** 63]},
+                                    {"structured_outputs": {"regex": "a", "choice": ["b"]}}])
+def test_params_out_of_range_are_refused_naming_the_request(params):
+    frame = msgspec.msgpack.encode({"type": "add_request", "request_id": "r7", "params": params, "api_key": "k",
+                                    "version": 3})
+    with pytest.raises(RefusedValue) as refused:
+        Codec().decode([frame])
+    assert (refused.value.request_id, refused.value.api_key, refused.value.version) == ("r7", "k", 3)
+    with pytest.raises(ValueError) as direct:
+        SamplingParams(**params)
+    assert str(refused.value) == str(direct.value)  # the constructor's words, whoever builds the params
 
-    from actorserve.runtime.engine.sampling_params import SamplingParams
 
-    defaults = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
-    wire = m.WireSamplingParams()
-    for name in m.WireSamplingParams.__struct_fields__:
-        assert name in defaults and getattr(wire, name) == defaults[name], name
-    missing = set(defaults) - set(m.WireSamplingParams.__struct_fields__)
-    assert missing == {"detokenize"}  # a Python-side switch: every wire client gets text
+@pytest.mark.parametrize("params", [{"temperature": "hot"}, {"temprature": 0.5}])
+def test_params_of_the_wrong_shape_are_a_protocol_error(params):
+    frame = msgspec.msgpack.encode({"type": "add_request", "request_id": "r7", "params": params})
+    with pytest.raises(ProtocolError) as refused:
+        Codec().decode([frame])
+    assert not isinstance(refused.value, RefusedValue)
