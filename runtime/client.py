@@ -27,7 +27,7 @@ from typing import AsyncIterator, Callable, Optional, Union
 import zmq.asyncio
 
 from actorserve.runtime.engine.beam_search import BeamSearchParams
-from actorserve.runtime.engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from actorserve.runtime.engine.outputs import CompletionOutput, RequestOutput, logprob_dict
 from actorserve.runtime.engine.sampling_params import SamplingParams
 from actorserve.runtime.errors import EngineDeadError, EngineOverloadedError, EngineSleepingError, EngineStartError
 from actorserve.runtime.transport.channel import Channel
@@ -304,17 +304,16 @@ def _apply(output: RequestOutput, delta: RequestOutputDelta) -> bool:
     if delta.prompt_token_ids is not None:
         output.prompt_token_ids = list(delta.prompt_token_ids)
     if delta.timings is not None:
-        t = delta.timings
-        output.metrics = RequestMetrics(t.queued, t.prefill, t.decode, t.inference)
+        output.metrics = delta.timings
     if delta.prompt_logprobs is not None:
-        output.prompt_logprobs = [None if tok is None else _logprob_entry(tok) for tok in delta.prompt_logprobs]
+        output.prompt_logprobs = [None if tok is None else logprob_dict(tok) for tok in delta.prompt_logprobs]
     output.num_cached_tokens = delta.num_cached_tokens
     for s in delta.samples:
         out = output.outputs[s.index]
         out.token_ids.extend(s.token_ids)
         out.text += s.text
         if s.logprobs is not None:
-            entries = [_logprob_entry(tok) for tok in s.logprobs]
+            entries = [logprob_dict(tok) for tok in s.logprobs]
             out.logprobs = (out.logprobs or []) + entries
             out.cumulative_logprob = (out.cumulative_logprob or 0.0) + sum(
                 next(iter(e.values())).logprob for e in entries)
@@ -322,10 +321,6 @@ def _apply(output: RequestOutput, delta: RequestOutputDelta) -> bool:
         out.stop_reason = s.stop_reason if s.finish_reason else out.stop_reason
     output.finished = delta.finished
     return delta.finished
-
-
-def _logprob_entry(tokens: list) -> dict[int, Logprob]:
-    return {e.token_id: Logprob(e.logprob, e.rank, e.decoded_token) for e in tokens}
 
 
 def _error(reply: ErrorReply) -> BaseException:

@@ -30,7 +30,7 @@ from actorserve.runtime.actors.sleep_control import SleepControl
 from actorserve.runtime.config import EngineConfig
 from actorserve.runtime.engine.beam_search import BeamSearchParams
 from actorserve.runtime.engine.core import EngineCore, ModelFacts
-from actorserve.runtime.engine.outputs import RequestUpdate
+from actorserve.runtime.engine.outputs import RequestUpdate, SampleDelta, logprob_entries
 from actorserve.runtime.engine.sampling_params import SamplingParams, StructuredOutputsParams, verify_prompt_text
 from actorserve.runtime.engine.stats import StatsLine
 from actorserve.runtime.errors import EngineOverloadedError, EngineSleepingError
@@ -41,10 +41,8 @@ from actorserve.runtime.transport.client_security import curve_server
 from actorserve.runtime.transport.codec import RefusedValue
 from actorserve.runtime.transport.messages import (PROTOCOL_VERSION, AbortRequest, AddRequest, ErrorReply, ExecuteBatch,
                                                    HealthPing, HealthPong, PauseRequest, RequestOutputDelta,
-                                                   RequestTimings,
-                                                   SampleDelta, Shutdown, SleepRequest, SleepStatus,
-                                                   SleepStatusRequest, StepResult, TokenLogprob, WakeUpRequest,
-                                                   WorkerReady)
+                                                   Shutdown, SleepRequest, SleepStatus, SleepStatusRequest,
+                                                   StepResult, WakeUpRequest, WorkerReady)
 
 log = logging.getLogger("actorserve.scheduler")
 
@@ -172,19 +170,17 @@ class SchedulerActor(Actor):
         if rid not in self._clients:
             return  # its client was dropped while this step's updates went out
         origin, client_id = self._clients[rid]
-        samples = [SampleDelta(s.index, s.token_ids, s.text, _wire_logprobs(s.logprobs), s.finish_reason,
-                               s.stop_reason) for s in update.samples]
         first = rid not in self._announced
         self._announced.add(rid)
         if update.output.finished:
             del self._clients[rid]
             self._announced.discard(rid)
         await self._reply(RequestOutputDelta(
-            client_id, samples, update.output.finished,
+            client_id, update.samples, update.output.finished,
             prompt_token_ids=update.output.prompt_token_ids if first else None,
             num_cached_tokens=update.output.num_cached_tokens,
-            prompt_logprobs=_wire_logprobs(update.output.prompt_logprobs) if first else None,
-            timings=_wire_timings(update.output.metrics)), to=origin)
+            prompt_logprobs=logprob_entries(update.output.prompt_logprobs) if first else None,
+            timings=update.output.metrics), to=origin)
 
     # -- handlers ---------------------------------------------------------------------------------------------
     async def handle_add_request(self, message: AddRequest, envelope: Envelope) -> None:
@@ -460,16 +456,3 @@ def _version_refused(version: int) -> str:
 
 def _engine_id(origin: Optional[bytes], request_id: str) -> str:
     return f"{(origin or b'').hex()}/{request_id}"
-
-
-def _wire_timings(metrics) -> Optional[RequestTimings]:
-    if metrics is None:
-        return None
-    return RequestTimings(metrics.queued_time, metrics.prefill_time, metrics.decode_time, metrics.inference_time)
-
-
-def _wire_logprobs(logprobs) -> Optional[list[Optional[list[TokenLogprob]]]]:
-    if logprobs is None:
-        return None
-    return [None if entry is None else [TokenLogprob(tid, lp.logprob, lp.rank, lp.decoded_token)
-                                        for tid, lp in entry.items()] for entry in logprobs]

@@ -24,7 +24,7 @@ from actorserve.runtime.transport.messages import ModelRunnerOutput, PromptLogpr
 from actorserve.runtime.text.detokenizer import IncrementalDetokenizer
 from actorserve.runtime.engine.kv_cache_manager import KVCacheManager
 from actorserve.runtime.engine.outputs import (CompletionOutput, Logprob, RequestMetrics, RequestOutput, RequestUpdate,
-                                               SampleUpdate)
+                                               SampleDelta, logprob_entries)
 from actorserve.runtime.engine.request import Request, RequestStatus
 from actorserve.runtime.engine.sampling_params import RequestLimits, SamplingParams, truncate_prompt, verify_request
 from actorserve.runtime.engine.scheduler import Scheduler
@@ -63,12 +63,12 @@ class _Sequence:
         self.detok = detok
         self.sent_tokens = 0  # tokens already handed out in updates
 
-    def take_update(self) -> SampleUpdate:
+    def take_update(self) -> SampleDelta:
         out = self.output
         start, self.sent_tokens = self.sent_tokens, len(out.token_ids)
         text = self.detok.take_new_text(final=out.finished()) if self.detok is not None else ""
-        logprobs = out.logprobs[start:] if out.logprobs is not None else None
-        return SampleUpdate(out.index, out.token_ids[start:], text, logprobs, out.finish_reason, out.stop_reason)
+        logprobs = logprob_entries(out.logprobs[start:] if out.logprobs is not None else None)
+        return SampleDelta(out.index, out.token_ids[start:], text, logprobs, out.finish_reason, out.stop_reason)
 
 
 class _Group:
@@ -240,7 +240,7 @@ class EngineCore:
         group.output.finished = True
         group.finish()
         del self._groups[rid]
-        return RequestUpdate(group.output, [SampleUpdate(o.index, o.token_ids, o.text, None, o.finish_reason,
+        return RequestUpdate(group.output, [SampleDelta(o.index, o.token_ids, o.text, None, o.finish_reason,
                                                          o.stop_reason) for o in group.output.outputs])
 
     def _release_held(self, group: _BeamGroup) -> None:
@@ -290,7 +290,7 @@ class EngineCore:
             self._release_held(group)
             for out in group.output.outputs:
                 out.finish_reason = "abort"
-            samples = [SampleUpdate(o.index, [], "", None, "abort", None) for o in group.output.outputs]
+            samples = [SampleDelta(o.index, [], "", None, "abort", None) for o in group.output.outputs]
         group.output.finished = True
         group.finish()
         return RequestUpdate(group.output, samples)
@@ -418,9 +418,9 @@ class EngineCore:
 
     def _entry(self, token: int, logprob: float, rank: int, top_ids: list[int], top_values: list[float]):
         """The chosen token first, then the top-N (as vLLM orders them)."""
-        entry = {token: Logprob(logprob, rank, self._decode_one(token))}
+        entry = {token: Logprob(token, logprob, rank, self._decode_one(token))}
         for r, (tid, value) in enumerate(zip(top_ids, top_values), start=1):
-            entry.setdefault(tid, Logprob(value, r, self._decode_one(tid)))
+            entry.setdefault(tid, Logprob(tid, value, r, self._decode_one(tid)))
         return entry
 
     def _fill_prompt_logprobs(self, output: RequestOutput, lp: PromptLogprobs) -> None:

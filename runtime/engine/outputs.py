@@ -1,12 +1,20 @@
-"""What users get back: vLLM-shaped RequestOutput / CompletionOutput / Logprob."""
+"""What users get back: vLLM-shaped RequestOutput / CompletionOutput / Logprob, and the pieces a stream
+carries (SampleDelta, Logprob, RequestMetrics), which are msgspec Structs: the objects the engine makes are
+the ones the ZMQ protocol sends (``RequestOutputDelta``) and a client puts in its RequestOutput."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
+import msgspec
 
-@dataclass
-class Logprob:
+
+class Logprob(msgspec.Struct, array_like=True):
+    """vLLM's Logprob (a token's logprob, its rank among the vocabulary, its text), naming its token too: a
+    position's entries are a dict by token id in Python (vLLM's shape) and the list of its values on the
+    wire, ``[token_id, logprob, rank, decoded_token]``."""
+
+    token_id: int
     logprob: float
     rank: int
     decoded_token: Optional[str] = None
@@ -26,8 +34,7 @@ class CompletionOutput:
         return self.finish_reason is not None
 
 
-@dataclass
-class RequestMetrics:
+class RequestMetrics(msgspec.Struct, array_like=True):
     """Where a finished request's time went, measured in the engine (seconds), as vLLM's metrics split
     it: waiting for its first step, prefill (to the first token), decode (to the last), and the two."""
 
@@ -50,16 +57,16 @@ class RequestOutput:
     metrics: Optional[RequestMetrics] = None  # once finished
 
 
-@dataclass
-class SampleUpdate:
-    """What one sample produced since its last update: the streaming delta."""
+class SampleDelta(msgspec.Struct, frozen=True):
+    """What one of a request's n samples produced since its last delta: the streaming piece; its logprobs
+    are each new token's entries, the sampled token first."""
 
     index: int
     token_ids: list[int]
     text: str
-    logprobs: Optional[list[dict[int, Logprob]]]
-    finish_reason: Optional[str]
-    stop_reason: Union[int, str, None]
+    logprobs: Optional[list[list[Logprob]]] = None
+    finish_reason: Optional[str] = None
+    stop_reason: Union[int, str, None] = None
 
 
 @dataclass
@@ -67,4 +74,16 @@ class RequestUpdate:
     """One step's news for a request: the cumulative output and the per-sample deltas."""
 
     output: RequestOutput
-    samples: list[SampleUpdate]
+    samples: list[SampleDelta]
+
+
+def logprob_entries(entries: Optional[list[Optional[dict[int, Logprob]]]]) -> Optional[list[Optional[list[Logprob]]]]:
+    """Positions' entries as a stream sends them (None stays None: a prompt's first token has none)."""
+    if entries is None:
+        return None
+    return [None if entry is None else list(entry.values()) for entry in entries]
+
+
+def logprob_dict(entries: list[Logprob]) -> dict[int, Logprob]:
+    """One position's sent entries as vLLM's dict by token id, of the same Logprob objects."""
+    return {lp.token_id: lp for lp in entries}

@@ -16,6 +16,7 @@ from typing import Optional, Union
 import msgspec
 
 from actorserve.runtime.engine.beam_search import BeamSearchParams
+from actorserve.runtime.engine.outputs import Logprob, RequestMetrics, SampleDelta
 from actorserve.runtime.engine.sampling_params import SamplingParams
 
 PROTOCOL_VERSION = 1
@@ -45,33 +46,6 @@ class PauseRequest(msgspec.Struct, tag="pause_request", frozen=True):
     api_key: Optional[str] = None
 
 
-class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
-    token_id: int
-    logprob: float
-    rank: int
-    decoded_token: Optional[str]
-
-
-class SampleDelta(msgspec.Struct, frozen=True):
-    """What one of a request's n samples produced since the last delta."""
-
-    index: int
-    token_ids: list[int]
-    text: str
-    logprobs: Optional[list[list[TokenLogprob]]] = None
-    finish_reason: Optional[str] = None
-    stop_reason: Union[int, str, None] = None
-
-
-class RequestTimings(msgspec.Struct, frozen=True, array_like=True):
-    """RequestMetrics: seconds queued, in prefill, in decode, and in inference (prefill + decode)."""
-
-    queued: float
-    prefill: float
-    decode: float
-    inference: float
-
-
 class RequestOutputDelta(msgspec.Struct, tag="request_output", frozen=True):
     request_id: str
     samples: list[SampleDelta]
@@ -79,8 +53,8 @@ class RequestOutputDelta(msgspec.Struct, tag="request_output", frozen=True):
     prompt_token_ids: Optional[list[int]] = None  # sent with the first delta only
     num_cached_tokens: int = 0
     # with the first delta only, when asked for: one entry per prompt token, None for the first
-    prompt_logprobs: Optional[list[Optional[list[TokenLogprob]]]] = None
-    timings: Optional[RequestTimings] = None  # on the last message
+    prompt_logprobs: Optional[list[Optional[list[Logprob]]]] = None
+    timings: Optional[RequestMetrics] = None  # on the last message
 
 
 class ErrorReply(msgspec.Struct, tag="error", frozen=True):

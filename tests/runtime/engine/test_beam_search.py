@@ -11,7 +11,7 @@ EOS = 9
 
 def step(**lps: float) -> dict[int, Logprob]:
     """Candidates t<id>=logprob."""
-    return {int(name[1:]): Logprob(value, rank) for rank, (name, value) in enumerate(lps.items(), 1)}
+    return {int(name[1:]): Logprob(int(name[1:]), value, rank) for rank, (name, value) in enumerate(lps.items(), 1)}
 
 
 @pytest.mark.parametrize("bad", [dict(beam_width=0), dict(beam_width=11), dict(beam_width=True),

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from actorserve.runtime.engine.beam_search import BeamSearchParams
+from actorserve.runtime.engine.outputs import Logprob, RequestMetrics, SampleDelta
 from actorserve.runtime.engine.sampling_params import SamplingParams
 from actorserve.runtime.transport import messages as m
 from actorserve.runtime.transport.codec import Codec, ProtocolError, RefusedValue
@@ -24,16 +25,16 @@ EXAMPLES = [
     m.AbortRequest("r1"),
     m.PauseRequest("r1"),
     m.PauseRequest("r1", False, api_key="k"),
-    m.RequestOutputDelta("r1", [m.SampleDelta(0, [5, 6], "ab", [[m.TokenLogprob(5, -0.1, 1, "a")]], "stop", "x")],
+    m.RequestOutputDelta("r1", [SampleDelta(0, [5, 6], "ab", [[Logprob(5, -0.1, 1, "a")]], "stop", "x")],
                          True, [1, 2, 3], 16),
-    m.RequestOutputDelta("r1", [], False, [1, 2], 0, [None, [m.TokenLogprob(2, -1.5, 3, "b"),
-                                                              m.TokenLogprob(1, -0.2, 1, "a")]]),
+    m.RequestOutputDelta("r1", [], False, [1, 2], 0, [None, [Logprob(2, -1.5, 3, "b"),
+                                                              Logprob(1, -0.2, 1, "a")]]),
     m.ErrorReply("ValueError", "top_p must be in (0, 1]", "r9"),
     m.HealthPing(7),
     m.HealthPong(7, 3, 1, 0.25),
     m.HealthPong(8, 0, 0, 0.0, 2, [1, 0, 3] + [0] * 11, 40),
     m.HealthPong(9, 1, 0, 0.5, 0, [], 0, 5, 20, 12, [5, 4, 2, 1]),
-    m.RequestOutputDelta("r2", [], True, timings=m.RequestTimings(0.01, 0.2, 1.5, 1.7)),
+    m.RequestOutputDelta("r2", [], True, timings=RequestMetrics(0.01, 0.2, 1.5, 1.7)),
     m.ExecuteBatch(SchedulerOutput(4, [NewRequest("a", [1, 2], PARAMS, 2, [[4, 5]])],
                                    [ScheduledChunk("a", [1, 2], 0, [3], True),
                                     ScheduledChunk("b", [5, 6, 7], 9, [4], True, num_draft=2)], ["old"])),
