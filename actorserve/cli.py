@@ -72,11 +72,11 @@ def _serve_zmq(a: argparse.Namespace) -> int:
 def _engine_from(a: argparse.Namespace, serving: bool = False, **extra):
     """An AsyncEngine, or data-parallel replicas of one (--data-parallel-size); ``serving``: under
     ``SERVING_DEFAULTS`` where the flags leave them unset."""
-    from actorserve.runtime.config import EngineConfig
+    from actorserve.runtime.resolve import engine_config
     from actorserve.runtime.data_parallel import make_engine
 
     kwargs = {**(SERVING_DEFAULTS if serving else {}), **engine_kwargs(a)}
-    return make_engine(EngineConfig.from_engine_args(a.model, **extra, **kwargs))
+    return make_engine(engine_config(a.model, **extra, **kwargs))
 
 
 def _serve_http(a: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ from typing import Any, Iterator
 
 from actorserve.runtime.config import (CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, RuntimeConfig,
                                        SchedulerConfig)
+from actorserve.runtime.resolve import REGISTRIES
 
 SECTIONS = (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig, DeviceConfig, RuntimeConfig)
 _HUMAN_INT = re.compile(r"^(\d+(?:\.\d+)?)([kmgt]?|[KMGT]i?|[kmgt]i)$")
@@ -67,6 +68,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
             kwargs["type"] = human_int if base is int else base
             if meta["choices"] is not None:
                 kwargs["choices"] = list(meta["choices"])
+            if meta["registry"] is not None:  # the registry's names (runtime.resolve checks them)
+                names = REGISTRIES[meta["registry"]]
+                kwargs["choices"] = list(names)
+                described = "; ".join(f"{name}: {summary}" for name, summary in names.items() if summary)
+                kwargs["help"] = meta["help"] + (f" ({described})" if described else "") + shown
         group.add_argument(flag_name(f.name), *meta["aliases"], **kwargs)
 
 

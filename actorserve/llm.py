@@ -8,7 +8,7 @@ import itertools
 import time
 from typing import Any, Optional, Sequence, Union
 
-from actorserve.runtime.config import EngineConfig
+from actorserve.runtime.resolve import engine_config
 from actorserve.runtime.engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from actorserve.runtime.engine.outputs import RequestOutput
 from actorserve.runtime.engine.sampling_params import SamplingParams
@@ -30,7 +30,7 @@ class LLM:
 
     def __init__(self, model: Optional[str] = None, **engine_args: Any) -> None:
         engine_args.setdefault("disable_log_stats", True)  # an offline run has its progress bar (as vLLM)
-        self.config = EngineConfig.from_engine_args(model, **engine_args)
+        self.config = engine_config(model, **engine_args)
         setup_logging(self.config.runtime.log_level)
         self._ids = itertools.count()
         self.engine = None

@@ -38,7 +38,8 @@ import torch
 
 from actorserve import LLM, SamplingParams
 from actorserve.kernels import capability
-from actorserve.runtime.config import KV_CACHE_DTYPES, QUANT_METHOD_NAMES
+from actorserve.runtime.config import KV_CACHE_DTYPES
+from actorserve.runtime.model.quantization import NAMES as QUANT_METHOD_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ROOT.parent / "shared" / "reference" / "bench_prompts.json"

@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from actorserve import SamplingParams  # noqa: E402
-from actorserve.runtime.config import EngineConfig  # noqa: E402
 from actorserve.runtime.data_parallel import make_engine  # noqa: E402
+from actorserve.runtime.resolve import engine_config  # noqa: E402
 
 
 async def _batch(engine, prompts: list[list[int]], output_len: int) -> tuple[float, int]:
@@ -37,7 +37,7 @@ async def _batch(engine, prompts: list[list[int]], output_len: int) -> tuple[flo
 
 
 async def _measure(dp: int, threads: int, prompts: list[list[int]], output_len: int, rounds: int) -> dict:
-    config = EngineConfig.from_engine_args(None, data_parallel_size=dp, threads_per_worker=threads,
+    config = engine_config(None, data_parallel_size=dp, threads_per_worker=threads,
                                            max_model_len=1024, kv_cache_memory=512 << 20, disable_log_stats=True)
     engine = make_engine(config)
     await engine.start()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from actorserve import LLM, SamplingParams
 from actorserve.runtime.background import BackgroundEngine
-from actorserve.runtime.config import EngineConfig
+from actorserve.runtime.resolve import engine_config
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "bench_prompts.json"
 
@@ -27,7 +27,7 @@ def workload(count: int) -> list[dict]:
 
 def measure(pp: int, prompts: list[dict], params: SamplingParams, kv: int, processes: bool) -> dict:
     """processes=False: PP=1 in this process (the offline default); True: worker and scheduler processes."""
-    config = EngineConfig.from_engine_args(None, pipeline_parallel_size=pp, max_model_len=1024, kv_cache_memory=kv)
+    config = engine_config(None, pipeline_parallel_size=pp, max_model_len=1024, kv_cache_memory=kv)
     if processes:
         engine = BackgroundEngine(config)
         run = lambda ps, p: engine.run([(x, p) for x in ps])  # noqa: E731

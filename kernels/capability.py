@@ -1,7 +1,7 @@
 """What this CPU and this torch can do, decided once per process: the gates of every CPU fast path.
 
 Runs wherever kernels run (worker, in-process engine, tests). The launcher resolves ``CpuPaths`` while it
-builds the config (``runtime.config.DeviceConfig.resolve``); each worker installs the paths it was handed
+resolves the config (``runtime.resolve``); each worker installs the paths it was handed
 (``use``) before it loads a model, and logs them; a process that was handed none (a kernel called
 directly) detects them on first ask, from the same override.
 
@@ -47,9 +47,10 @@ import logging
 from dataclasses import dataclass
 from typing import Optional
 
+from actorserve.runtime.config import ISAS, CpuPaths, DeviceConfig, env_cpu_isa, env_cpu_kernels
+
 log = logging.getLogger("actorserve")
 
-ISAS = ("generic", "avx2", "avx512")  # lowest first
 
 
 @dataclass(frozen=True)
@@ -60,29 +61,6 @@ class CpuFeatures:
     avx512_bf16: bool
     avx_ne_convert: bool
     avx512_vnni: bool = False
-
-
-@dataclass(frozen=True)
-class CpuPaths:
-    """Which CPU fast paths this process takes; every field an independent predicate."""
-
-    isa: str  # the level the gates saw: this CPU's, or the override's where that is lower
-    hardware_isa: str  # this CPU's own level
-    kernels_enabled: bool = True  # False: ACTORSERVE_CPU_KERNELS=0, every C kernel and prepacking off
-    kernel_isa: Optional[str] = None  # the C kernels' build: "avx512_bf16", "avx2", or None (none run)
-    q8_isa: Optional[str] = None  # the q8 products' build: "avx512_vnni", "avx2", or None
-    prepacked_bf16: bool = False
-    int_mm: bool = False
-    int_mm_exact: bool = False
-    bf16_gemm: bool = False
-
-    def describe(self) -> str:
-        on = ([f"C kernels ({self.kernel_isa})"] if self.kernel_isa else []) + (
-            [f"q8 products ({self.q8_isa})"] if self.q8_isa else []) + [
-            name for name in ("prepacked_bf16", "int_mm", "int_mm_exact", "bf16_gemm") if getattr(self, name)]
-        seen = self.isa if self.isa == self.hardware_isa else f"{self.isa} (override; this CPU: {self.hardware_isa})"
-        return f"CPU {seen}; fast paths on: {', '.join(on) or 'none'}" + (
-            "" if self.kernels_enabled else " (ACTORSERVE_CPU_KERNELS=0)")
 
 
 def _supported(name: str) -> bool:
@@ -248,10 +226,13 @@ def use(paths: CpuPaths) -> None:
 
 def current() -> CpuPaths:
     if _Installed.paths is None:
-        from actorserve.runtime.config import DeviceConfig
-
-        _Installed.paths = DeviceConfig().resolve()
+        _Installed.paths = detect(env_cpu_isa(), env_cpu_kernels())
     return _Installed.paths
+
+
+def paths_for(device: DeviceConfig) -> CpuPaths:
+    """The paths a device config carries, or the gates' answer for it where it carries none."""
+    return device.cpu_paths if device.cpu_paths is not None else detect(device.cpu_isa, device.cpu_kernels)
 
 
 def hold_libraries(isa: Optional[str]) -> dict[str, str]:
@@ -266,9 +247,8 @@ def hold_libraries(isa: Optional[str]) -> dict[str, str]:
     if isa not in ISAS:
         raise ValueError(f"ACTORSERVE_CPU_ISA must be one of {ISAS}, got {isa!r}")
     env = library_env(isa, hardware_features().isa)
-    for name, value in env.items():
-        os.environ.setdefault(name, value)
+    held = {name: os.environ.setdefault(name, value) for name, value in env.items()}  # the caller's own win
     above = libraries_above(isa)
     if above:
         raise RuntimeError(f"ACTORSERVE_CPU_ISA={isa}: torch's {' and '.join(above)} already run above it")
-    return {name: os.environ[name] for name in env}
+    return held

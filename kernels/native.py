@@ -20,18 +20,18 @@ from pathlib import Path
 from typing import Any, Optional
 
 from actorserve.kernels import capability
+from actorserve.runtime.config import c_compiler_names, kernel_cache_dir
 
 log = logging.getLogger("actorserve")
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("ACTORSERVE_KERNEL_CACHE")
-    return Path(root) if root else Path.home() / ".cache" / "actorserve" / "kernels"
+    return Path(kernel_cache_dir())
 
 
 def compiler() -> Optional[str]:
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if name and shutil.which(name):
+    for name in c_compiler_names():
+        if shutil.which(name):
             return shutil.which(name)
     return None
 

@@ -21,6 +21,7 @@ from actorserve.runtime.engine.sleep import check_level, check_tags
 from actorserve.runtime.errors import EngineDeadError, EngineStartError
 from actorserve.runtime.launcher import InProcessEngine, MultiprocessEngine
 from actorserve.runtime.logs import setup_logging
+from actorserve.runtime.resolve import engine_config, resolve
 from actorserve.runtime.transport.messages import HealthPong
 
 log = logging.getLogger("actorserve")
@@ -28,7 +29,7 @@ log = logging.getLogger("actorserve")
 
 class AsyncEngine:
     def __init__(self, model: Optional[str] = None, **engine_args: Any) -> None:
-        self._init(EngineConfig.from_engine_args(model, **engine_args))
+        self._init(engine_config(model, **engine_args))
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "AsyncEngine":
@@ -37,6 +38,7 @@ class AsyncEngine:
         return engine
 
     def _init(self, config: EngineConfig) -> None:
+        config = resolve(config)
         setup_logging(config.runtime.log_level)
         self._client_options = None
         if config.runtime.curve_secret_key is not None:  # this client's own key pair, admitted by the server

@@ -1,7 +1,10 @@
 """The one configuration tree, built and validated once in the launcher and passed down explicitly.
 
 Every actor receives only its sub-config; nothing mutates it later. This module is the only reader of
-environment variables.
+environment variables, and it sits at the bottom of the import graph: it imports nothing of the project.
+Names that a registry owns (quantization methods, attention backends) are checked by that registry when
+the engine resolves the config (``runtime.resolve``), which also fills in the CPU paths the capability
+gates choose; ``option(registry=...)`` marks those fields, and the CLI takes their choices from there.
 """
 from __future__ import annotations
 
@@ -11,18 +14,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-from actorserve.kernels.attention.selector import NAMES as ATTENTION_BACKENDS
-from actorserve.kernels.capability import ISAS, CpuPaths, detect
-from actorserve.runtime.engine.sampling_params import MAX_N
-from actorserve.runtime.model.quantization import METHODS as QUANT_METHODS
-from actorserve.runtime.model.quantization import NAMES as QUANT_METHOD_NAMES
 
 BLOCK_SIZE = 16
 _DTYPES = ("float32", "bfloat16", "float16")
 # vLLM's spellings of --dtype; "auto" is the checkpoint's own (resolved once, in EngineConfig.validate)
 DTYPE_CHOICES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 _DTYPE_ALIASES = {"half": "float16", "float": "float32"}
-QUANTIZATIONS = (None, *QUANT_METHOD_NAMES)  # the methods of runtime.model.quantization
+ISAS = ("generic", "avx2", "avx512")  # the CPU levels the capability gates know, lowest first
+MAX_N = 4096  # the ceiling of the configured maximum n (SchedulerConfig.max_n)
 # With no budget given, the KV cache is this fixed size (vLLM's CPU default, VLLM_CPU_KVCACHE_SPACE=4), so
 # that it is the same from one start to the next, capped at a share of the memory available at start-up
 _DEFAULT_KV_BYTES = 4 << 30
@@ -31,6 +30,7 @@ KV_SPACE_ENV = "ACTORSERVE_CPU_KVCACHE_SPACE"  # GiB, as vLLM's VLLM_CPU_KVCACHE
 # vLLM's --kv-cache-dtype spellings taken here: "auto" is the model's dtype (its fp8 caches are not built)
 KV_CACHE_DTYPES = ("auto", "bfloat16")
 
+_CACHE_ROOT = os.path.join(os.path.expanduser("~"), ".cache", "actorserve")
 _FLAG_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
 
@@ -45,14 +45,62 @@ def env_flag(name: str, default: bool) -> bool:
     return _FLAG_WORDS[text]
 
 
+def env_cpu_isa() -> Optional[str]:
+    """ACTORSERVE_CPU_ISA: the fast paths of a lesser CPU (unset or empty: this CPU's own)."""
+    return os.environ.get("ACTORSERVE_CPU_ISA") or None
+
+
+def env_cpu_kernels() -> bool:
+    """ACTORSERVE_CPU_KERNELS: 0 switches every C kernel and prepacking off."""
+    return env_flag("ACTORSERVE_CPU_KERNELS", True)
+
+
+def environment() -> dict[str, str]:
+    """This process's environment, for a child that starts with it."""
+    return dict(os.environ)
+
+
+def tokenizer_cache_dir() -> str:
+    """ACTORSERVE_TOKENIZER_CACHE: where converted tokenizers are kept."""
+    return os.environ.get("ACTORSERVE_TOKENIZER_CACHE") or os.path.join(_CACHE_ROOT, "tokenizers")
+
+
+def kernel_cache_dir() -> str:
+    """ACTORSERVE_KERNEL_CACHE: where the C kernels are built."""
+    return os.environ.get("ACTORSERVE_KERNEL_CACHE") or os.path.join(_CACHE_ROOT, "kernels")
+
+
+def c_compiler_names() -> list[str]:
+    """The C compilers to try, CC first, as build tools do."""
+    return [name for name in (os.environ.get("CC"), "cc", "gcc", "clang") if name]
+
+
+def hf_hub_cache() -> str:
+    """The Hugging Face hub cache, where hub ids are looked up (HF_HUB_CACHE, else HF_HOME/hub)."""
+    return os.environ.get("HF_HUB_CACHE") or os.path.join(
+        os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface"), "hub")
+
+
+def triton_interpreted() -> bool:
+    """TRITON_INTERPRET=1: triton runs its kernels in its interpreter (the CPU's only triton, for tests)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def cuda_home() -> Optional[str]:
+    """CUDA_HOME (or CUDA_PATH): the CUDA toolkit that torch's extension builder would use."""
+    return os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or None
+
+
 def option(default: Any = None, help: str = "", *, factory: Optional[Callable[[], Any]] = None,
            cli: bool = True, choices: Optional[Sequence[Any]] = None, aliases: Sequence[str] = (),
-           parse: Optional[Callable[[str], Any]] = None) -> Any:
+           parse: Optional[Callable[[str], Any]] = None, registry: Optional[str] = None) -> Any:
     """A config field and its command-line flag in one place: ``actorserve.cli`` generates the flags of
     every engine command from these (``--field-name``; a bool is ``--x`` / ``--no-x``), so the commands
     cannot disagree. ``cli=False``: set from Python or by the launcher only. ``parse``: how the flag's
-    text becomes the value, where the field's type is not a plain one."""
-    meta = {"help": help, "cli": cli, "choices": choices, "aliases": tuple(aliases), "parse": parse}
+    text becomes the value, where the field's type is not a plain one. ``registry``: the registry whose
+    names the field takes (``runtime.resolve.REGISTRIES``), which checks it and lists the flag's choices."""
+    meta = {"help": help, "cli": cli, "choices": choices, "aliases": tuple(aliases), "parse": parse,
+            "registry": registry}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -71,8 +119,8 @@ class ModelConfig:
                                                 "(k = 1000, K = 1024)")
     seed: int = option(0, "the seed of unseeded requests' sampling")
     skip_tokenizer_init: bool = option(False, "token ids in and out, no tokenizer")
-    quantization: Optional[str] = option(None, "; ".join(f"{m.name}: {m.summary}" for m in QUANT_METHODS.values()),
-                                         choices=QUANT_METHOD_NAMES, aliases=("-q",))
+    quantization: Optional[str] = option(None, "how the weights are held and multiplied", registry="quantization",
+                                         aliases=("-q",))
     # vLLM's switch off the captured decode step: here the decode fast path (runtime.model.decode_fast_path)
     enforce_eager: bool = option(False, "run every step through the model's modules (no decode fast path), "
                                         "as vLLM's flag")
@@ -82,8 +130,6 @@ class ModelConfig:
     def validate(self) -> None:
         if self.dtype not in _DTYPES and self.dtype not in DTYPE_CHOICES:
             raise ValueError(f"dtype must be one of {DTYPE_CHOICES}, got {self.dtype!r}")
-        if self.quantization not in QUANTIZATIONS:
-            raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
 
@@ -195,9 +241,6 @@ class SpeculativeConfig:
         if self.method != "draft_model" and (self.model is not None or self.quantization is not None):
             raise ValueError(f"speculative_config model and quantization are for method draft_model, not "
                              f"{self.method!r}")
-        if self.quantization not in QUANTIZATIONS:
-            raise ValueError(f"speculative_config quantization must be one of {QUANTIZATIONS}, "
-                             f"got {self.quantization!r}")
         return dataclasses.replace(self, prompt_lookup_min=low, prompt_lookup_max=high)
 
 
@@ -283,13 +326,36 @@ class ParallelConfig:
 
 
 @dataclass(frozen=True)
+class CpuPaths:
+    """Which CPU fast paths this process takes, as the capability gates (``kernels.capability.detect``)
+    decided them; every field an independent predicate."""
+
+    isa: str  # the level the gates saw: this CPU's, or the override's where that is lower
+    hardware_isa: str  # this CPU's own level
+    kernels_enabled: bool = True  # False: ACTORSERVE_CPU_KERNELS=0, every C kernel and prepacking off
+    kernel_isa: Optional[str] = None  # the C kernels' build: "avx512_bf16", "avx2", or None (none run)
+    q8_isa: Optional[str] = None  # the q8 products' build: "avx512_vnni", "avx2", or None
+    prepacked_bf16: bool = False
+    int_mm: bool = False
+    int_mm_exact: bool = False
+    bf16_gemm: bool = False
+
+    def describe(self) -> str:
+        on = ([f"C kernels ({self.kernel_isa})"] if self.kernel_isa else []) + (
+            [f"q8 products ({self.q8_isa})"] if self.q8_isa else []) + [
+            name for name in ("prepacked_bf16", "int_mm", "int_mm_exact", "bf16_gemm") if getattr(self, name)]
+        seen = self.isa if self.isa == self.hardware_isa else f"{self.isa} (override; this CPU: {self.hardware_isa})"
+        return f"CPU {seen}; fast paths on: {', '.join(on) or 'none'}" + (
+            "" if self.kernels_enabled else " (ACTORSERVE_CPU_KERNELS=0)")
+
+
+@dataclass(frozen=True)
 class DeviceConfig:
     """Where the model runs, and which of the CPU's fast paths it may take."""
 
     device: str = option("cpu", "where the model runs: cpu, cuda, cuda:N, or auto (CUDA where torch sees it)")
-    attention_backend: Optional[str] = option(None, f"force an attention backend ({', '.join(ATTENTION_BACKENDS)}); "
-                                                    "default: the device's best that serves the model",
-                                              choices=ATTENTION_BACKENDS)
+    attention_backend: Optional[str] = option(None, "force an attention backend; default: the device's best that "
+                                                    "serves the model", registry="attention_backend")
     # CUDA graphs of decode steps (runtime.model.cuda_graphs): vLLM's flags; --enforce-eager turns them off
     max_cudagraph_capture_size: int = option(512, "the largest decode batch captured as a CUDA graph (also capped "
                                                   "by max_num_seqs and max_num_batched_tokens)")
@@ -299,10 +365,10 @@ class DeviceConfig:
     # Every capability gate sees a lesser CPU than this one: the paths of an AVX2-only or a generic
     # x86-64 machine, run on this one
     cpu_isa: Optional[str] = option(help="the fast paths of a lesser CPU than this one (as ACTORSERVE_CPU_ISA)",
-                                    factory=lambda: os.environ.get("ACTORSERVE_CPU_ISA") or None, choices=ISAS)
+                                    factory=env_cpu_isa, choices=ISAS)
     cpu_kernels: bool = option(help="the C kernels and prepacking (ACTORSERVE_CPU_KERNELS=0 switches them off)",
-                               factory=lambda: env_flag("ACTORSERVE_CPU_KERNELS", True))
-    # The paths the gates chose, resolved once while the config is built (``resolve``); None until then
+                               factory=env_cpu_kernels)
+    # The paths the gates chose, resolved once with the config (``runtime.resolve``); None until then
     cpu_paths: Optional[CpuPaths] = option(None, cli=False)
 
     def validate(self) -> None:
@@ -312,8 +378,6 @@ class DeviceConfig:
             raise ValueError(f"max_cudagraph_capture_size must be >= 1, got {self.max_cudagraph_capture_size}")
         if self.cudagraph_capture_sizes is not None and any(s < 1 for s in self.cudagraph_capture_sizes):
             raise ValueError(f"cudagraph_capture_sizes must be >= 1, got {self.cudagraph_capture_sizes}")
-        if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
-            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         if self.device.startswith("cuda"):
             import torch
 
@@ -338,11 +402,6 @@ class DeviceConfig:
             return device
         return f"cuda:{int(device.partition(':')[2] or 0) + stage}"
 
-    def resolve(self) -> CpuPaths:
-        """The capability gates' answer for this machine under this config."""
-        if self.cpu_paths is not None:
-            return self.cpu_paths
-        return detect(self.cpu_isa, self.cpu_kernels)
 
 
 _MODES = ("multiprocess", "inprocess")
@@ -432,8 +491,8 @@ class EngineConfig:
     device: DeviceConfig = field(default_factory=DeviceConfig)
 
     def validate(self) -> "EngineConfig":
-        """This config checked, with the device's fast paths resolved (routing by capability happens
-        here, once, not at a kernel's first call)."""
+        """This config checked, in itself (``runtime.resolve`` checks it against the registries and this
+        machine)."""
         self.model.validate()
         self.cache.validate()
         self.scheduler.validate()
@@ -465,9 +524,6 @@ class EngineConfig:
         if self.model.dtype in _DTYPE_ALIASES:  # one spelling downstream ("auto" is the loader's to resolve)
             config = dataclasses.replace(config, model=dataclasses.replace(
                 self.model, dtype=_DTYPE_ALIASES[self.model.dtype]))
-        if self.device.cpu_paths is None:
-            paths = self.device.resolve()
-            config = dataclasses.replace(config, device=dataclasses.replace(self.device, cpu_paths=paths))
         return config
 
     @classmethod

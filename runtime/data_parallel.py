@@ -22,6 +22,7 @@ from actorserve.runtime.config import EngineConfig
 from actorserve.runtime.engine.outputs import RequestOutput
 from actorserve.runtime.engine.sampling_params import SamplingParams
 from actorserve.runtime.errors import EngineDeadError
+from actorserve.runtime.resolve import resolve
 from actorserve.runtime.transport.messages import HealthPong
 
 
@@ -33,7 +34,7 @@ class DataParallelEngine:
     """AsyncEngine's interface over ``data_parallel_size`` replicas."""
 
     def __init__(self, config: EngineConfig) -> None:
-        self.config = config
+        self.config = config = resolve(config)
         self.replicas = [AsyncEngine.from_config(replica_config(config, rank))
                          for rank in range(config.parallel.data_parallel_size)]
         self._where: dict[str, int] = {}  # request id -> the replica serving it

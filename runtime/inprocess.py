@@ -72,7 +72,7 @@ def load_worker(config: EngineConfig, with_tokenizer: bool, pp_rank: int = 0,
     number of blocks; a stage then allocates them for its own layers only."""
     m = config.model
     max_len = m.max_model_len
-    paths = config.device.resolve()
+    paths = capability.paths_for(config.device)
     device = config.device.torch_device(pp_rank)
     capability.use(paths)  # before any kernel is built or weight prepacked
     if paths.isa != paths.hardware_isa and (above := capability.libraries_above(paths.isa)):

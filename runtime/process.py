@@ -25,7 +25,7 @@ import msgspec
 from actorserve import SOURCE_ROOT
 from actorserve.kernels.capability import library_env
 from actorserve.runtime.actors.addresses import Addresses
-from actorserve.runtime.config import EngineConfig
+from actorserve.runtime.config import EngineConfig, environment
 from actorserve.runtime.liveness import Heartbeat
 from actorserve.runtime.logs import setup_logging
 
@@ -67,7 +67,8 @@ def held_libraries(config: EngineConfig) -> dict[str, str]:
     if device.cpu_paths is None:
         return {}
     held = library_env(device.cpu_isa, device.cpu_paths.hardware_isa)
-    return {name: value for name, value in held.items() if name not in os.environ}
+    caller = environment()
+    return {name: value for name, value in held.items() if name not in caller}
 
 
 def checkout_path() -> dict[str, str]:
@@ -75,13 +76,13 @@ def checkout_path() -> dict[str, str]:
     actor) imports the same actorserve as its launcher; else nothing."""
     if SOURCE_ROOT is None:
         return {}
-    return {"PYTHONPATH": os.pathsep.join(p for p in (SOURCE_ROOT, os.environ.get("PYTHONPATH")) if p)}
+    return {"PYTHONPATH": os.pathsep.join(p for p in (SOURCE_ROOT, environment().get("PYTHONPATH")) if p)}
 
 
 def child_env(config: EngineConfig) -> dict[str, str]:
     """A child's environment: this process's, with torch's libraries held (``held_libraries``), and this
     checkout on the path (``checkout_path``)."""
-    return {**os.environ, **held_libraries(config), **checkout_path()}
+    return {**environment(), **held_libraries(config), **checkout_path()}
 
 
 def spawn(spec: ChildSpec) -> Child:

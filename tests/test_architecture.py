@@ -27,7 +27,11 @@ RULES = [
                                  "torch"), "text is the tokenizer's and the templates': no tensors, no model"),
     ("actorserve.runtime.transport", ("actorserve.runtime.model", "actorserve.runtime.actors"),
      "wire types and sockets know no model and no actor"),
+    ("actorserve.runtime.config", ("actorserve",), "the config is the bottom of the graph: registries check its "
+                                                   "names when it is resolved (runtime.resolve)"),
 ]
+# what may be done to os.environ outside runtime.config: set a default for the processes that follow
+ENV_WRITES = ("setdefault",)
 
 
 def _modules():
@@ -63,6 +67,25 @@ def test_no_import_crosses_a_boundary(importer, forbidden, why):
     assert not crossings, f"{why}:\n" + "\n".join(crossings)
 
 
+def test_only_the_config_reads_the_environment():
+    reads = []
+    for path, module in _modules():
+        if module == "actorserve.runtime.config":
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+        for node in ast.walk(tree):
+            if _is_os(node, "getenv") or _is_os(node, "environ") and not (
+                    isinstance(parents.get(node), ast.Attribute) and parents[node].attr in ENV_WRITES):
+                reads.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not reads, "read the variable through a function of runtime/config.py:\n" + "\n".join(reads)
+
+
+def _is_os(node, attr: str) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == attr and isinstance(node.value, ast.Name) \
+        and node.value.id == "os"
+
+
 def test_the_rules_see_the_imports_they_judge():
     """The walk finds what it should: the frontend does import FastAPI, and the engine the text package."""
     found = {name for path, module in _modules() if _within(module, "actorserve.frontend")
@@ -71,3 +94,6 @@ def test_the_rules_see_the_imports_they_judge():
     found = {name for path, module in _modules() if _within(module, "actorserve.runtime.engine")
              for name in _imports(path, module)}
     assert any(_within(name, "actorserve.runtime.text") for name in found)
+    found = {name for path, module in _modules() if module == "actorserve.kernels.capability"
+             for name in _imports(path, module)}
+    assert "actorserve.runtime.config" in found

@@ -17,6 +17,8 @@ import shutil
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
+from actorserve.runtime.config import cuda_home, triton_interpreted
+
 if TYPE_CHECKING:
     import torch
 
@@ -94,7 +96,7 @@ def _cpu_c(needs: AttentionNeeds) -> Optional[str]:
 def _triton(needs: AttentionNeeds) -> Optional[str]:
     if importlib.util.find_spec("triton") is None:
         return "triton is not installed (pip install -e '.[cuda]')"
-    if needs.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+    if needs.device == "cpu" and not triton_interpreted():
         return "on the CPU it runs only in triton's interpreter (TRITON_INTERPRET=1), for tests"
     if needs.device == "cuda" and not _cuda():
         return "torch sees no CUDA device"
@@ -126,7 +128,7 @@ def flashinfer_kernels_refusal() -> Optional[str]:
 
 def nvcc_path() -> Optional[str]:
     """The CUDA compiler FlashInfer's JIT would run, as torch's extension builder finds it."""
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    home = cuda_home()
     if home and os.path.exists(os.path.join(home, "bin", "nvcc")):
         return os.path.join(home, "bin", "nvcc")
     return shutil.which("nvcc") or next((p for p in ("/usr/local/cuda/bin/nvcc",) if os.path.exists(p)), None)
@@ -171,6 +173,12 @@ PRIORITY = {"cuda": ("flashinfer", "triton", "torch"), "cpu": ("cpu_c", "torch")
 
 class AttentionBackendError(ValueError):
     """The forced backend cannot serve the model, or none can."""
+
+
+def check_name(name: Optional[str]) -> None:
+    """A config's forced backend: None or a backend of this registry."""
+    if name is not None and name not in BACKENDS:
+        raise ValueError(f"attention_backend must be one of {NAMES}, got {name!r}")
 
 
 def select(needs: AttentionNeeds, forced: Optional[str] = None) -> type:

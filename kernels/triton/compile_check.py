@@ -24,6 +24,8 @@ import tempfile
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterator
 
+from actorserve.runtime.config import triton_interpreted
+
 # The most registers a thread of any kernel may use: at 4 warps a program, 168 or fewer keep three
 # programs resident on an SM (65536 registers), and none may spill (a spill is local memory traffic on
 # every iteration of an inner loop).
@@ -223,7 +225,7 @@ def _ptxas_usage(ptx: str, arch: int, name: str) -> tuple[int, int, int, int]:
 def compile_all(archs=ARCHS, dtypes=DTYPES, shapes=SHAPES, wrappers=None) -> list[KernelReport]:
     """Every kernel of every shape (or of the host ``wrappers`` named), compiled for each arch and dtype; one
     report a distinct compile."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if triton_interpreted():
         raise RuntimeError("compile_check needs TRITON_INTERPRET off before the kernels are imported")
     import torch
     from triton.runtime import driver

@@ -18,6 +18,8 @@ from typing import Optional, Union
 
 import msgspec
 
+from actorserve.runtime.config import MAX_N
+
 GREEDY_TEMPERATURE = 1e-5  # below it, sampling is greedy: is_greedy is the one place that decides
 
 
@@ -26,7 +28,6 @@ def is_greedy(temperature: float) -> bool:
 
 
 MAX_LOGPROBS = 20
-MAX_N = 4096  # the ceiling of the configured maximum n (SchedulerConfig.max_n)
 MAX_TOKENS = 1 << 31  # any context is shorter; the engine checks the real one
 MAX_STOP_STRINGS = 64
 MAX_STOP_CHARS = 1024

@@ -13,6 +13,7 @@ from typing import Any, Iterable, Optional, Union
 
 import torch
 
+from actorserve.runtime.config import hf_hub_cache
 from actorserve.kernels.gemm.gguf import Segment
 from actorserve.runtime.errors import ModelLoadError
 from actorserve.runtime.heap import trim_heap
@@ -70,8 +71,7 @@ def hf_cache_snapshot(model: str) -> tuple[Optional[str], str]:
     """(the snapshot directory of ``Org/Name[@revision]`` in the HF hub cache, or None; where it looked):
     the revision's snapshot, else the one ``refs/main`` names, else the only one there is."""
     hub_id, _, revision = model.partition("@")
-    home = os.environ.get("HF_HUB_CACHE") or os.path.join(
-        os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface"), "hub")
+    home = hf_hub_cache()
     repo = os.path.join(home, "models--" + hub_id.replace("/", "--"))
     snapshots = os.path.join(repo, "snapshots")
     if not os.path.isdir(snapshots):

@@ -105,6 +105,12 @@ METHODS: dict[str, QuantMethod] = {m.name: m for m in (W8A8Int8(), GgufBlocks(),
 NAMES = tuple(METHODS)
 
 
+def check_name(name: Optional[str], field: str = "quantization") -> None:
+    """A config's method name: None or a method of this registry."""
+    if name is not None and name not in METHODS:
+        raise ValueError(f"{field} must be one of {(None, *NAMES)}, got {name!r}")
+
+
 class Dense(QuantMethod):
     """No quantization: every weight decoded (a GGUF file's too) and loaded in ``dtype``."""
 
@@ -115,9 +121,8 @@ def select(quantization: Optional[str], dtype: str, device: str, gguf_file: bool
     if quantization is None:
         blocks = METHODS["gguf"]
         return blocks if blocks.check(dtype, device, gguf_file) is None else Dense()
-    method = METHODS.get(quantization)
-    if method is None:
-        raise ValueError(f"quantization must be one of {(None, *NAMES)}, got {quantization!r}")
+    check_name(quantization)
+    method = METHODS[quantization]
     why = method.check(dtype, device, gguf_file)
     if why is not None:
         raise ValueError(f"quantization={quantization!r} cannot run this model here: {why}")

@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+from actorserve.runtime.config import tokenizer_cache_dir
 from actorserve.runtime.errors import ModelLoadError
 from actorserve.runtime.heap import trim_heap
 
@@ -27,8 +28,7 @@ CACHE_ENTRIES = 8  # converted tokenizers kept; the oldest goes first
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("ACTORSERVE_TOKENIZER_CACHE")
-    return Path(root) if root else Path.home() / ".cache" / "actorserve" / "tokenizers"
+    return Path(tokenizer_cache_dir())
 
 
 def load_tokenizer(path: str):

@@ -9,7 +9,7 @@ import pytest
 
 from actorserve import cli
 from actorserve.engine_flags import SECTIONS, engine_fields, engine_kwargs, expand_config_file, human_int
-from actorserve.runtime.config import EngineConfig
+from actorserve.runtime.resolve import engine_config
 
 CLI_DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 
@@ -84,7 +84,7 @@ def test_vllm_spellings_become_one_config():
     assert kw == {"max_model_len": 1000, "kv_cache_memory": 64 << 20, "enable_prefix_caching": False,
                   "dtype": "half", "quantization": "int8", "block_size": 32}
     assert a.served_model_name == ["a", "b"]
-    config = EngineConfig.from_engine_args(None, **{**kw, "dtype": "half"})
+    config = engine_config(None, **{**kw, "dtype": "half"})
     assert config.model.dtype == "float16" and not config.cache.enable_prefix_caching
     assert engine_kwargs(serve_args("--no-prefix-caching")) == {"enable_prefix_caching": False}  # the old spelling
     assert engine_kwargs(serve_args()) == {}  # a flag not given leaves the config's default
@@ -93,7 +93,7 @@ def test_vllm_spellings_become_one_config():
 def test_speculative_config_is_vllms_json(capsys):
     a = serve_args("--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4, '
                                            '"prompt_lookup_max": 4, "prompt_lookup_min": 2}')
-    config = EngineConfig.from_engine_args(None, **engine_kwargs(a))
+    config = engine_config(None, **engine_kwargs(a))
     spec = config.scheduler.speculative_config
     assert (spec.method, spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max) == \
         ("ngram", 4, 2, 4)
@@ -102,7 +102,7 @@ def test_speculative_config_is_vllms_json(capsys):
             serve_args("--speculative-config", bad)
         assert "speculative_config" in capsys.readouterr().err  # the reason, not a traceback
     with pytest.raises(ValueError, match="num_speculative_tokens"):
-        EngineConfig.from_engine_args(None, speculative_config={"method": "ngram"})
+        engine_config(None, speculative_config={"method": "ngram"})
 
 
 def test_a_yaml_config_gives_flags_and_the_command_line_wins(tmp_path):

@@ -6,6 +6,7 @@ import torch
 from actorserve.kernels import capability
 from actorserve.kernels.capability import CpuFeatures, CpuPaths
 from actorserve.runtime.config import DeviceConfig, EngineConfig
+from actorserve.runtime.resolve import engine_config, resolve
 
 AVX512_BF16 = CpuFeatures("avx512", avx512_bf16=True, avx_ne_convert=False)
 
@@ -54,18 +55,18 @@ def test_the_hardware_level_is_what_torch_reads_from_cpuid():
 
 def test_the_config_resolves_the_paths_once_and_carries_them_to_children(monkeypatch):
     monkeypatch.setenv("ACTORSERVE_CPU_ISA", "avx2")
-    config = EngineConfig.from_engine_args(None)
+    config = engine_config(None)
     assert config.device.cpu_isa == "avx2" and config.device.cpu_paths.isa == "avx2"
     import msgspec
 
     decoded = msgspec.json.decode(msgspec.json.encode(config), type=EngineConfig)
     assert decoded.device.cpu_paths == config.device.cpu_paths
-    assert config.validate() is config  # already resolved: nothing is probed again
+    assert resolve(config) is config  # already resolved: nothing is probed again
     with pytest.raises(ValueError, match="cpu_isa"):
-        EngineConfig.from_engine_args(None, cpu_isa="sse9")
+        engine_config(None, cpu_isa="sse9")
     with pytest.raises(ValueError, match="must be one of"):
         capability.detect("avx1024")
-    assert DeviceConfig(cpu_isa="generic").resolve().isa == "generic"
+    assert capability.paths_for(DeviceConfig(cpu_isa="generic")).isa == "generic"
 
 
 @pytest.fixture
@@ -157,13 +158,13 @@ def test_children_start_with_torchs_libraries_at_the_override(monkeypatch):
 
     for name in ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY"):
         monkeypatch.delenv(name, raising=False)
-    native = EngineConfig.from_engine_args(None, cpu_isa=None)
-    lesser = EngineConfig.from_engine_args(None, cpu_isa="generic")
+    native = engine_config(None, cpu_isa=None)
+    lesser = engine_config(None, cpu_isa="generic")
     assert "ONEDNN_MAX_CPU_ISA" not in child_env(native)
     want = capability.library_env("generic", lesser.device.cpu_paths.hardware_isa)
     assert {k: child_env(lesser).get(k) for k in want} == want
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "SSE41")  # the caller's own setting wins
-    assert child_env(EngineConfig.from_engine_args(None, cpu_isa="avx2")).get("ONEDNN_MAX_CPU_ISA") == "SSE41"
+    assert child_env(engine_config(None, cpu_isa="avx2")).get("ONEDNN_MAX_CPU_ISA") == "SSE41"
 
 
 def test_an_in_process_engine_says_when_torchs_libraries_stay_above_the_override(

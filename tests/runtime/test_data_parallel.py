@@ -2,7 +2,7 @@
 import pytest
 
 from actorserve import LLM, BeamSearchParams, SamplingParams
-from actorserve.runtime.config import EngineConfig
+from actorserve.runtime.resolve import engine_config
 
 
 def test_llm_over_two_replicas_answers_as_one_engine():
@@ -28,11 +28,11 @@ def test_llm_over_two_replicas_answers_as_one_engine():
 ])
 def test_settings_that_cannot_work_are_refused(args, message):
     with pytest.raises(ValueError, match=message):
-        EngineConfig.from_engine_args(None, **args)
+        engine_config(None, **args)
 
 
 def test_the_cores_are_shared_out_over_every_worker():
-    config = EngineConfig.from_engine_args(None, data_parallel_size=2, pipeline_parallel_size=2)
+    config = engine_config(None, data_parallel_size=2, pipeline_parallel_size=2)
     import os
 
     assert config.parallel.worker_threads() == max(1, (os.cpu_count() or 1) // 4)

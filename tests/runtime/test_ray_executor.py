@@ -129,11 +129,11 @@ def test_start_failures_are_clear_and_free_the_cluster(cluster):
 
 def test_data_parallel_replicas_on_ray(cluster, reference):
     """Two replicas, a placement group of one CPU each."""
-    from actorserve.runtime.config import EngineConfig
     from actorserve.runtime.data_parallel import DataParallelEngine
+    from actorserve.runtime.resolve import engine_config
 
     async def run() -> list[str]:
-        async with DataParallelEngine(EngineConfig.from_engine_args(None, **ARGS, data_parallel_size=2)) as engine:
+        async with DataParallelEngine(engine_config(None, **ARGS, data_parallel_size=2)) as engine:
             assert _free_cpus() == 0.0
             return [await _text_on(engine, rank) for rank in (0, 1)]
 
@@ -162,11 +162,11 @@ def test_ray_actors_start_with_torchs_libraries_at_the_override(cluster, monkeyp
     """A CPU override emulates the lesser CPU whole in the Ray actors too, as in local children: each
     actor's process starts with the variables that hold oneDNN, MKL and ATen at the override's level."""
     from actorserve.kernels import capability
-    from actorserve.runtime.config import EngineConfig
+    from actorserve.runtime.resolve import engine_config
 
     for name in ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY"):
         monkeypatch.delenv(name, raising=False)
-    hardware = EngineConfig.from_engine_args(None, cpu_isa="generic").device.cpu_paths.hardware_isa
+    hardware = engine_config(None, cpu_isa="generic").device.cpu_paths.hardware_isa
     want = capability.library_env("generic", hardware)
     if not want:
         pytest.skip("this CPU is at the generic level already")

@@ -160,12 +160,12 @@ def test_quantized_model_holds_int8_layers_and_stays_close(tied, tmp_path):
 
 
 def test_an_unknown_quantization_is_refused(tmp_path):
-    from actorserve.runtime.config import EngineConfig
+    from actorserve.runtime.resolve import engine_config
     from actorserve.runtime.errors import ModelLoadError
     from actorserve.runtime.model import loader
 
     with pytest.raises(ValueError, match="quantization must be one of"):
-        EngineConfig.from_engine_args(None, quantization="int4")
+        engine_config(None, quantization="int4")
     directory = save_tiny_model("llama", tmp_path / "m")
     with pytest.raises(ModelLoadError, match="quantization must be one of"):
         loader.load_model(str(directory), "bfloat16", skip_tokenizer=True, quantization="fp8")

@@ -1,5 +1,5 @@
 """The periodic stats line: throughput since the last line, the scheduler's state, quiet when idle."""
-from actorserve.runtime.config import EngineConfig
+from actorserve.runtime.resolve import engine_config
 from actorserve.runtime.engine.core import EngineCore, ModelFacts
 from actorserve.runtime.engine.sampling_params import SamplingParams
 from actorserve.runtime.engine.stats import StatsLine
@@ -7,7 +7,7 @@ from tests.runtime.engine.fake_executor import FakeExecutor
 
 
 def test_the_line_counts_tokens_since_the_last_one_and_goes_quiet_when_idle():
-    config = EngineConfig.from_engine_args(kv_cache_memory=1 << 20, max_num_batched_tokens=64)
+    config = engine_config(kv_cache_memory=1 << 20, max_num_batched_tokens=64)
     core = EngineCore(config, FakeExecutor(16, 100), ModelFacts(100, None, 512, 64))
     stats = StatsLine(interval=10.0)
     assert stats.take(core, now=0.0) is None  # the first look only sets the baseline

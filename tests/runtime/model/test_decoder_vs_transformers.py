@@ -4,7 +4,7 @@ alternating ones) are shorter than the prompts, so they slide."""
 import pytest
 import torch
 
-from actorserve.runtime.config import EngineConfig
+from actorserve.runtime.resolve import engine_config
 from actorserve.runtime.engine.sampling_params import SamplingParams
 from actorserve.runtime.inprocess import build_engine
 from tests.conftest import save_tiny_model
@@ -98,7 +98,7 @@ def test_logits_match_transformers(family, budget, device, tmp_path):
     import transformers
 
     directory = save_tiny_model(family.split("-")[0], tmp_path / family, seed=1, **FAMILIES[family])
-    config = EngineConfig.from_engine_args(str(directory), skip_tokenizer_init=True, kv_cache_memory=8 << 20,
+    config = engine_config(str(directory), skip_tokenizer_init=True, kv_cache_memory=8 << 20,
                                            max_model_len=256, max_num_batched_tokens=budget, device=device)
     engine, loaded = build_engine(config)
     recorder = RecordingExecutor(engine.executor)

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from actorserve import LLM, SamplingParams
-from actorserve.runtime.config import EngineConfig, SpeculativeConfig
+from actorserve.runtime.config import SpeculativeConfig
+from actorserve.runtime.resolve import engine_config
 from actorserve.runtime.model.sampler import noise_stream, stream_seed
 from tests.conftest import save_tiny_model
 from tests.runtime.model.test_rejection_sampler import chi_square_tail
@@ -60,7 +61,7 @@ def test_the_config_takes_a_draft_model_as_vllm_spells_it(tiny_llama_dir):
         with pytest.raises(ValueError, match=why):
             SpeculativeConfig.parse(bad)
     with pytest.raises(ValueError, match="pipeline_parallel_size 1"):
-        EngineConfig.from_engine_args(str(tiny_llama_dir), pipeline_parallel_size=2,
+        engine_config(str(tiny_llama_dir), pipeline_parallel_size=2,
                                       speculative_config=spec(tiny_llama_dir))
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from actorserve.kernels.gemm import GgufQ8Weight, GgufWeight, Int8Weight, gguf, gguf_q8
-from actorserve.runtime.config import QUANTIZATIONS
+from actorserve.runtime.resolve import REGISTRIES, engine_config
 from actorserve.runtime.errors import ModelLoadError
 from actorserve.runtime.model import loader, quantization
 from actorserve.runtime.model.layers import Linear
@@ -15,8 +15,12 @@ needs_gguf_kernels = pytest.mark.skipif(not gguf.available(), reason="needs a CP
 def test_the_config_and_the_cli_take_the_registry_names(capsys):
     from actorserve.cli import main
 
-    assert QUANTIZATIONS == (None, *quantization.METHODS)
+    assert tuple(REGISTRIES["quantization"]) == tuple(quantization.METHODS)
     assert set(quantization.METHODS) >= {"int8", "gguf", "gguf_q8"}
+    assert engine_config(quantization="gguf_q8").model.quantization == "gguf_q8"
+    with pytest.raises(ValueError, match="speculative_config quantization must be one of"):
+        engine_config(speculative_config={"method": "draft_model", "model": "draft.gguf", "quantization": "fp8",
+                                         "num_speculative_tokens": 2})
     with pytest.raises(SystemExit) as exit:
         main(["generate", "--help"])
     assert exit.value.code == 0

@@ -5,7 +5,7 @@ room for everything. The same cache without the window preempts (so the first ha
 import pytest
 import torch
 
-from actorserve.runtime.config import EngineConfig
+from actorserve.runtime.resolve import engine_config
 from actorserve.runtime.engine.sampling_params import SamplingParams
 from actorserve.runtime.inprocess import build_engine
 from tests.conftest import save_tiny_model
@@ -14,7 +14,7 @@ from tests.conftest import save_tiny_model
 
 def _run(directory, blocks, head_dim=16):
     block_bytes = 2 * 2 * 2 * 16 * head_dim * 4  # K and V, 2 layers, 2 KV heads, 16 tokens, fp32
-    config = EngineConfig.from_engine_args(str(directory), skip_tokenizer_init=True, max_model_len=128,
+    config = engine_config(str(directory), skip_tokenizer_init=True, max_model_len=128,
                                            kv_cache_memory=blocks * block_bytes, max_num_batched_tokens=64)
     engine, _ = build_engine(config)
     assert engine.kv.pool.num_blocks == blocks
