@@ -38,7 +38,7 @@ async def _batch(engine, prompts: list[list[int]], output_len: int) -> tuple[flo
 
 async def _measure(dp: int, threads: int, prompts: list[list[int]], output_len: int, rounds: int) -> dict:
     config = engine_config(None, data_parallel_size=dp, threads_per_worker=threads,
-                                           max_model_len=1024, kv_cache_memory=512 << 20, disable_log_stats=True)
+                           max_model_len=1024, kv_cache_memory=512 << 20, disable_log_stats=True)
     engine = make_engine(config)
     await engine.start()
     try:

@@ -157,9 +157,6 @@ class CacheConfig:
             raise ValueError(f"kv_cache_memory must be > 0 bytes, got {self.kv_cache_memory}")
         _env_kv_space()
 
-    def resolved_kv_cache_memory(self) -> int:
-        return self.kv_cache_budget()[0]
-
     def kv_cache_budget(self) -> tuple[int, str]:
         """The budget in bytes, and where it came from (for the start-up log)."""
         if self.kv_cache_memory is not None:

@@ -127,7 +127,6 @@ class RayEngine:
         self.addresses: Optional[Addresses] = None
         self.info: dict = {}
         self.placement_group = None
-        self.placement_wait_s = 0.0  # how long the placement group took to be ready (the tests read it)
         self._hosts: list = []  # stage 0 .. P-1, then the scheduler
         self._names: list[str] = []
         self._pids: dict[str, int] = {}
@@ -163,7 +162,7 @@ class RayEngine:
             raise EngineStartError(f"Ray could not place {self.size} bundle(s) of {bundle} within "
                                    f"{self.config.runtime.start_timeout:g} s (the cluster has "
                                    f"{ray.available_resources()} free)")
-        self.placement_wait_s = time.monotonic() - started
+        log.info("Ray placed %d bundle(s) of %s in %.2f s", self.size, bundle, time.monotonic() - started)
 
     async def _start_actors(self, ray) -> None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy

@@ -438,7 +438,3 @@ class EngineCore:
     @property
     def num_free_blocks(self) -> int:
         return self.kv.pool.num_free_blocks
-
-    @property
-    def prefix_cache_hit_tokens(self) -> int:
-        return self.kv.pool.hits

@@ -46,10 +46,6 @@ class KVCacheManager:
         """The request's recurrent-state slot (-1 where the model keeps no states)."""
         return self._slots.get(request_id, -1)
 
-    @property
-    def num_free_slots(self) -> int:
-        return len(self._free_slots)
-
     def _block_hashes(self, request: Request) -> list[int]:
         hashes = self._hashes.setdefault(request.request_id, [])
         bs = self.block_size

@@ -21,7 +21,7 @@ def _check_against_alone(llm, prompts, params):
     together = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     engine = llm.engine
     assert engine.scheduler.num_preemptions > 0, "the budget was meant to force preemption"
-    assert engine.prefix_cache_hit_tokens > 0
+    assert engine.kv.pool.hits > 0
     assert engine.num_free_blocks == engine.kv.pool.num_blocks
     assert all(o.finished for o in together)
     for prompt, sp, out in zip(prompts, params, together):

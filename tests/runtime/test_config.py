@@ -20,7 +20,7 @@ def test_the_kv_budget_is_fixed_unless_memory_is_short(monkeypatch):
     budget, why = cache.kv_cache_budget()
     assert budget == 4 << 30 and "default" in why
     monkeypatch.setattr(config_module, "_available_memory_bytes", lambda: 30 << 30)
-    assert cache.resolved_kv_cache_memory() == 4 << 30  # the same with less free memory: stable
+    assert cache.kv_cache_budget()[0] == 4 << 30  # the same with less free memory: stable
     monkeypatch.setattr(config_module, "_available_memory_bytes", lambda: 6 << 30)
     budget, why = cache.kv_cache_budget()
     assert budget == 3 << 30 and "capped" in why

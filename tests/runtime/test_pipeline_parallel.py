@@ -44,7 +44,7 @@ def stress_pp1(six_layers):
     prompts, params = stress_set()
     single = LLM(str(six_layers), **ARGS)
     expected = [o.outputs[0].token_ids for o in single.generate(prompts, params, use_tqdm=False)]
-    assert single.engine.scheduler.num_preemptions > 0 and single.engine.prefix_cache_hit_tokens > 0
+    assert single.engine.scheduler.num_preemptions > 0 and single.engine.kv.pool.hits > 0
     return prompts, params, expected
 
 

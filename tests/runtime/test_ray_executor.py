@@ -5,7 +5,9 @@ placement group were not yet free could not be placed: five in a row must each s
 cores must be free the moment close() returns. A Ray actor that is killed, or frozen as if its node were
 gone, fails every open stream with EngineDeadError within 2 s."""
 import asyncio
+import logging
 import os
+import re
 import signal
 import time
 
@@ -43,18 +45,40 @@ def _free_cpus() -> float:
     return ray.available_resources().get("CPU", 0.0)
 
 
+class _Placements(logging.Handler):
+    """The placement waits the Ray executor logs."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.waits: list[float] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        placed = re.fullmatch(r"Ray placed .* in ([0-9.]+) s", record.getMessage())
+        if placed:
+            self.waits.append(float(placed.group(1)))
+
+
 def test_five_engines_in_a_row_each_start_at_once(cluster, reference):
+    placements = _Placements()
+    logger = logging.getLogger("actorserve")
+
     async def run() -> None:
-        for _ in range(5):
+        for i in range(5):
             engine = AsyncEngine(None, **ARGS)
             await engine.start()
-            assert engine._backend.placement_wait_s < 1.0
+            assert len(placements.waits) == i + 1 and placements.waits[-1] < 1.0
             assert _free_cpus() == 0.0  # the engine holds the cluster's two cores
             assert await _text(engine) == reference
             await engine.close()
             assert _free_cpus() == 2.0  # free when close() returns, not some time later
 
-    asyncio.run(run())
+    logger.addHandler(placements)
+    level, logger.level = logger.level, logging.INFO
+    try:
+        asyncio.run(run())
+    finally:
+        logger.removeHandler(placements)
+        logger.setLevel(level)
 
 
 @pytest.mark.parametrize("victim, how", [("worker0", signal.SIGKILL), ("scheduler", signal.SIGKILL),

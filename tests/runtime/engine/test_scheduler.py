@@ -82,7 +82,7 @@ def test_stress_with_preemption_and_shared_prefixes(spec_k):
     for i, (p, sp) in enumerate(zip(prompts, params)):
         assert outs[str(i)].outputs[0].token_ids == expected(p, sp.max_tokens), i
     assert engine.scheduler.num_preemptions > 0
-    assert engine.prefix_cache_hit_tokens > 0
+    assert engine.kv.pool.hits > 0
     assert engine.num_free_blocks == 64
     if spec_k is not None:
         stats = engine.scheduler.spec_stats
@@ -109,7 +109,7 @@ def test_n_samples_share_the_prompt_blocks():
     engine.add_request("p", prompt, SamplingParams(n=4, max_tokens=3))
     out = run(engine)["p"]
     assert [o.index for o in out.outputs] == [0, 1, 2, 3]
-    assert engine.prefix_cache_hit_tokens == 3 * (len(prompt) // BS) * BS
+    assert engine.kv.pool.hits == 3 * (len(prompt) // BS) * BS
 
 
 def test_length_limit_of_the_context():

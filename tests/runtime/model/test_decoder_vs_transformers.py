@@ -99,7 +99,7 @@ def test_logits_match_transformers(family, budget, device, tmp_path):
 
     directory = save_tiny_model(family.split("-")[0], tmp_path / family, seed=1, **FAMILIES[family])
     config = engine_config(str(directory), skip_tokenizer_init=True, kv_cache_memory=8 << 20,
-                                           max_model_len=256, max_num_batched_tokens=budget, device=device)
+                           max_model_len=256, max_num_batched_tokens=budget, device=device)
     engine, loaded = build_engine(config)
     recorder = RecordingExecutor(engine.executor)
     engine.executor = recorder

@@ -56,13 +56,14 @@ def test_the_config_takes_a_draft_model_as_vllm_spells_it(tiny_llama_dir):
     c = SpeculativeConfig.parse({"model": "/some/draft.gguf", "num_speculative_tokens": 2})
     assert (c.method, c.model, c.num_speculative_tokens) == ("draft_model", "/some/draft.gguf", 2)
     for bad, why in [({"method": "draft_model", "num_speculative_tokens": 2}, "needs a model"),
-                     ({"method": "ngram", "num_speculative_tokens": 2, "model": "x"}, "for method draft_model"),
-                     ({"model": "x", "num_speculative_tokens": 2, "quantization": "nope"}, "quantization")]:
+                     ({"method": "ngram", "num_speculative_tokens": 2, "model": "x"}, "for method draft_model")]:
         with pytest.raises(ValueError, match=why):
             SpeculativeConfig.parse(bad)
+    with pytest.raises(ValueError, match="speculative_config quantization must be one of"):  # the registry's name
+        engine_config(str(tiny_llama_dir), speculative_config={"model": "x", "num_speculative_tokens": 2,
+                                                               "quantization": "nope"})
     with pytest.raises(ValueError, match="pipeline_parallel_size 1"):
-        engine_config(str(tiny_llama_dir), pipeline_parallel_size=2,
-                                      speculative_config=spec(tiny_llama_dir))
+        engine_config(str(tiny_llama_dir), pipeline_parallel_size=2, speculative_config=spec(tiny_llama_dir))
 
 
 def test_a_draft_with_another_vocabulary_is_refused(tiny_llama_dir, tmp_path):
@@ -94,7 +95,7 @@ def test_a_model_drafting_for_itself_keeps_every_draft_through_preemption_and_pr
     drafted = llm(tiny_llama_dir, tiny_llama_dir, k=3, **kw)
     assert token_ids(drafted.generate(prompts, params, use_tqdm=False)) == plain
     engine = drafted.engine
-    assert engine.scheduler.num_preemptions > 0 and engine.prefix_cache_hit_tokens > 0
+    assert engine.scheduler.num_preemptions > 0 and engine.kv.pool.hits > 0
     s = stats(drafted)
     assert s.num_draft_tokens > 200 and s.num_accepted_tokens == s.num_draft_tokens
     assert engine.num_free_blocks == engine.facts.num_kv_blocks

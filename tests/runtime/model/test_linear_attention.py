@@ -49,11 +49,24 @@ def _req(rid, n):
     return Request(rid, list(range(n)), SamplingParams(), 0, 10_000)
 
 
+def _free_state_slots(kv: KVCacheManager) -> int:
+    """How many more requests get a state slot: one-token probes allocated until one is refused, then freed."""
+    probes = []
+    while True:
+        probe = _req(f"probe{len(probes)}", 1)
+        if not kv.allocate(probe, 1):
+            break
+        probes.append(probe)
+    for probe in probes:
+        kv.free(probe)
+    return len(probes)
+
+
 def test_state_slots_come_and_go_with_the_blocks():
     kv = KVCacheManager(num_blocks=8, block_size=4, enable_caching=False, num_state_slots=2)
     a, b, c = _req("a", 5), _req("b", 5), _req("c", 5)
     assert kv.allocate(a, 5) and kv.allocate(b, 5)
-    assert {kv.state_slot("a"), kv.state_slot("b")} == {0, 1} and kv.num_free_slots == 0
+    assert {kv.state_slot("a"), kv.state_slot("b")} == {0, 1} and _free_state_slots(kv) == 0
     free_blocks = kv.pool.num_free_blocks
     assert not kv.allocate(c, 5)  # blocks enough, but no slot: nothing taken
     assert kv.pool.num_free_blocks == free_blocks and kv.state_slot("c") == -1
@@ -63,7 +76,7 @@ def test_state_slots_come_and_go_with_the_blocks():
     assert kv.allocate(c, 5) and kv.state_slot("c") == slot
     kv.free(b)
     kv.free(c)
-    assert kv.num_free_slots == 2 and kv.pool.num_free_blocks == 8
+    assert kv.pool.num_free_blocks == 8 and _free_state_slots(kv) == 2
 
 
 def test_the_stress_set_on_a_hybrid_model_with_preemption(tmp_path):
@@ -86,9 +99,9 @@ def test_the_stress_set_on_a_hybrid_model_with_preemption(tmp_path):
     assert got == expected
     engine = tight.engine
     assert engine.facts.num_kv_blocks == 30 and engine.facts.num_state_slots == 16
-    assert engine.scheduler.num_preemptions > 0 and engine.prefix_cache_hit_tokens == 0
+    assert engine.scheduler.num_preemptions > 0 and engine.kv.pool.hits == 0
     assert engine.num_free_blocks == engine.facts.num_kv_blocks
-    assert engine.kv.num_free_slots == engine.facts.num_state_slots
+    assert _free_state_slots(engine.kv) == engine.facts.num_state_slots
 
 
 def test_state_slots_that_do_not_fit_the_budget_are_a_clear_error(tmp_path):

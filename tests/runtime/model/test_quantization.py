@@ -20,7 +20,7 @@ def test_the_config_and_the_cli_take_the_registry_names(capsys):
     assert engine_config(quantization="gguf_q8").model.quantization == "gguf_q8"
     with pytest.raises(ValueError, match="speculative_config quantization must be one of"):
         engine_config(speculative_config={"method": "draft_model", "model": "draft.gguf", "quantization": "fp8",
-                                         "num_speculative_tokens": 2})
+                                          "num_speculative_tokens": 2})
     with pytest.raises(SystemExit) as exit:
         main(["generate", "--help"])
     assert exit.value.code == 0

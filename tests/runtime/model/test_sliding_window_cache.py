@@ -15,7 +15,7 @@ from tests.conftest import save_tiny_model
 def _run(directory, blocks, head_dim=16):
     block_bytes = 2 * 2 * 2 * 16 * head_dim * 4  # K and V, 2 layers, 2 KV heads, 16 tokens, fp32
     config = engine_config(str(directory), skip_tokenizer_init=True, max_model_len=128,
-                                           kv_cache_memory=blocks * block_bytes, max_num_batched_tokens=64)
+                           kv_cache_memory=blocks * block_bytes, max_num_batched_tokens=64)
     engine, _ = build_engine(config)
     assert engine.kv.pool.num_blocks == blocks
     gen = torch.Generator().manual_seed(3)
