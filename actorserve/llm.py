@@ -1,24 +1,22 @@
 """The offline API, vLLM-compatible: ``LLM(model).generate(prompts, params)`` and ``LLM.chat``.
 
-Runs the engine in the caller's process and returns outputs in input order.
+Drives the engine from synchronous code (``runtime.sync_engine``) and returns outputs in input order.
 """
 from __future__ import annotations
 
-import itertools
 import time
 from typing import Any, Optional, Sequence, Union
 
-from actorserve.runtime.resolve import engine_config
 from actorserve.runtime.engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from actorserve.runtime.engine.outputs import RequestOutput
 from actorserve.runtime.engine.sampling_params import SamplingParams
-from actorserve.runtime.background import BackgroundEngine
 from actorserve.runtime.engine.sleep import check_level, check_tags
 from actorserve.runtime.errors import EngineSleepingError
-from actorserve.runtime.inprocess import build_engine
 from actorserve.runtime.logs import setup_logging
-from actorserve.runtime.text.chat_template import render
 from actorserve.runtime.model.loader import resolve_model_path
+from actorserve.runtime.resolve import engine_config
+from actorserve.runtime.sync_engine import SyncEngine, sync_engine
+from actorserve.runtime.text.chat_template import render
 from actorserve.runtime.text.tokenizer import load_tokenizer
 
 PromptType = Union[str, dict[str, Any]]
@@ -26,37 +24,33 @@ PromptType = Union[str, dict[str, Any]]
 
 class LLM:
     """With one pipeline stage and one replica the engine runs in this process; otherwise (or on Ray) in
-    supervised processes (an AsyncEngine, or data-parallel replicas, on a background loop)."""
+    supervised processes (an AsyncEngine, or data-parallel replicas, on a background loop): the one
+    ``SyncEngine`` that ``runtime.sync_engine`` picks for the config."""
 
     def __init__(self, model: Optional[str] = None, **engine_args: Any) -> None:
         engine_args.setdefault("disable_log_stats", True)  # an offline run has its progress bar (as vLLM)
         self.config = engine_config(model, **engine_args)
         setup_logging(self.config.runtime.log_level)
-        self._ids = itertools.count()
-        self.engine = None
-        self._background = None
-        parallel = self.config.parallel
-        if (parallel.pipeline_parallel_size == 1 and parallel.data_parallel_size == 1
-                and parallel.distributed_executor_backend == "mp"):
-            self.engine, loaded = build_engine(self.config)
-            self._tokenizer = loaded.tokenizer
-        else:
-            self._tokenizer = None if self.config.model.skip_tokenizer_init else load_tokenizer(
-                self.config.model.tokenizer or resolve_model_path(self.config.model.model))
-            self._background = BackgroundEngine(self.config)
+        self._sync: SyncEngine = sync_engine(self.config)
+        self._tokenizer = getattr(self._sync, "tokenizer", None)
+        if self._tokenizer is None and not self.config.model.skip_tokenizer_init:
+            self._tokenizer = load_tokenizer(self.config.model.tokenizer or resolve_model_path(self.config.model.model))
+
+    @property
+    def engine(self):
+        """The engine core, where it runs in this process (None where it runs in the engine's processes)."""
+        return getattr(self._sync, "core", None)
 
     def get_tokenizer(self):
         return self._tokenizer
 
     @property
     def vocab_size(self) -> int:
-        return self.engine.facts.vocab_size if self.engine is not None else self._background.info["vocab_size"]
+        return self._sync.info["vocab_size"]
 
     def close(self) -> None:
-        """Stop the engine's processes (pipeline parallel); an in-process engine needs nothing."""
-        if self._background is not None:
-            self._background.close()
-            self._background = None
+        """Stop the engine's processes (pipeline or data parallel); an in-process engine needs nothing."""
+        self._sync.close()
 
     # -- sleep mode (vLLM's API) ------------------------------------------------------------------------
     def sleep(self, level: int = 1) -> None:
@@ -64,33 +58,15 @@ class LLM:
         of the weights (a file), level 2 discards them and wake-up loads them from the checkpoint again.
         Needs ``enable_sleep_mode=True``."""
         check_level(level)
-        if self._background is not None:
-            return self._background.call(self._background.engine.sleep(level))
-        mode = self._sleep_mode()
-        if not mode.sleeping:
-            self.engine.sleep()
-            mode.sleep(level)
+        self._sync.sleep(level)
 
     def wake_up(self, tags: Optional[list[str]] = None) -> None:
         """Restore ``tags`` ("weights", "kv_cache"; None: both); generation works again once both are back."""
         check_tags(tags)
-        if self._background is not None:
-            return self._background.call(self._background.engine.wake_up(tags))
-        mode = self._sleep_mode()
-        mode.wake_up(tags)
-        if not mode.sleeping:
-            self.engine.wake_up()
+        self._sync.wake_up(tags)
 
     def is_sleeping(self) -> bool:
-        if self._background is not None:
-            return self._background.call(self._background.engine.is_sleeping())
-        return self._sleep_mode().sleeping
-
-    def _sleep_mode(self):
-        mode = self.engine.executor.sleep_mode
-        if mode is None:
-            raise ValueError("sleep mode is off: make the LLM with enable_sleep_mode=True")
-        return mode
+        return self._sync.is_sleeping()
 
     def __enter__(self) -> "LLM":
         return self
@@ -128,10 +104,7 @@ class LLM:
         sequences, best first. Each step is one ``generate`` of every live beam, one token further."""
         prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
         inputs = [self._to_token_ids(p)[1] for p in prompts]
-        facts = self.engine.facts if self.engine is not None else None
-        eos = facts.eos_token_id if facts is not None else self._background.info.get("eos_token_id")
-        max_len = facts.max_model_len if facts is not None else self._background.info["max_model_len"]
-        search = BeamSearch(inputs, params, eos, max_len)
+        search = BeamSearch(inputs, params, self._sync.info.get("eos_token_id"), self._sync.info["max_model_len"])
         step = params.step_params()
         bar = None
         if use_tqdm:
@@ -168,44 +141,11 @@ class LLM:
     def _run(self, inputs, params: list[SamplingParams], use_tqdm: bool) -> list[RequestOutput]:
         if self.config.runtime.enable_sleep_mode and self.is_sleeping():  # (nothing would wake it while this waits)
             raise EngineSleepingError("the engine is asleep: call wake_up() before generate()")
-        if self._background is not None:
-            return self._run_background(inputs, params, use_tqdm)
-        ids = [f"offline-{next(self._ids)}" for _ in inputs]
-        added = []
-        try:
-            for rid, (text, token_ids), p in zip(ids, inputs, params):
-                self.engine.add_request(rid, token_ids, p, prompt=text)
-                added.append(rid)
-        except Exception:
-            for rid in added:
-                self.engine.abort_request(rid)
-            raise
-        return self._drain(ids, use_tqdm)
-
-    def _run_background(self, inputs, params, use_tqdm: bool) -> list[RequestOutput]:
         progress = _Progress(len(inputs), use_tqdm)
         try:
-            requests = [({"prompt_token_ids": ids, "prompt": text}, p) for (text, ids), p in zip(inputs, params)]
-            return self._background.run(requests, progress.done)
+            return self._sync.run([(text, ids, p) for (text, ids), p in zip(inputs, params)], progress.done)
         finally:
             progress.close()
-
-    def _drain(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
-        done: dict[str, RequestOutput] = {}
-        progress = _Progress(len(ids), use_tqdm)
-        try:
-            while len(done) < len(ids):
-                for out in self.engine.step():
-                    if out.finished and out.request_id not in done:
-                        done[out.request_id] = out
-                        progress.done(out)
-        except BaseException:
-            for rid in ids:
-                self.engine.abort_request(rid)
-            raise
-        finally:
-            progress.close()
-        return [done[rid] for rid in ids]
 
 
 def _per_prompt(sampling_params, count: int) -> list[SamplingParams]:

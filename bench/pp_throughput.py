@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from actorserve import LLM, SamplingParams
-from actorserve.runtime.background import BackgroundEngine
+from actorserve.runtime.sync_engine import BackgroundEngine
 from actorserve.runtime.resolve import engine_config
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "bench_prompts.json"

@@ -19,7 +19,7 @@ from actorserve.runtime.engine.outputs import RequestOutput
 from actorserve.runtime.engine.sampling_params import SamplingParams
 from actorserve.runtime.engine.sleep import check_level, check_tags
 from actorserve.runtime.errors import EngineDeadError, EngineStartError
-from actorserve.runtime.launcher import InProcessEngine, MultiprocessEngine
+from actorserve.runtime.launcher import Launcher, launcher_for
 from actorserve.runtime.logs import setup_logging
 from actorserve.runtime.resolve import engine_config, resolve
 from actorserve.runtime.transport.messages import HealthPong
@@ -45,7 +45,7 @@ class AsyncEngine:
             config, self._client_options = _with_launcher_key(config)
         self.config = config
         self._ctx = zmq.asyncio.Context()
-        self._backend = None
+        self._launcher: Optional[Launcher] = None
         self._client: Optional[ZmqClient] = None
         self._starting: Optional[asyncio.Future] = None  # the one start, shared by every caller
         self._dead: Optional[EngineDeadError] = None
@@ -74,16 +74,9 @@ class AsyncEngine:
         await asyncio.shield(self._starting)
 
     async def _launch(self) -> None:
-        if self.config.runtime.mode == "inprocess":
-            backend = InProcessEngine(self.config, self._ctx)
-        elif self.config.parallel.distributed_executor_backend == "ray":
-            from actorserve.runtime.ray_executor import RayEngine
-
-            backend = RayEngine(self.config, self._ctx)
-        else:
-            backend = MultiprocessEngine(self.config, self._ctx)
+        launcher = launcher_for(self.config, self._ctx)
         try:
-            await backend.start(self._on_death)
+            await launcher.start(self._on_death)
         except EngineStartError as exc:
             self._dead = exc
             self._dead_event.set()
@@ -92,11 +85,11 @@ class AsyncEngine:
             self._dead = EngineStartError(f"the engine failed to start: {type(exc).__name__}: {exc}")
             self._dead_event.set()
             raise self._dead from exc
-        self._client = ZmqClient(backend.addresses.client, self._ctx, watch_connection=False,  # supervised
+        self._client = ZmqClient(launcher.addresses.client, self._ctx, watch_connection=False,  # supervised
                                  api_key=self.config.runtime.client_api_key, configure=self._client_options,
                                  backlog=self.config.runtime.stream_backlog,
                                  stall_timeout=self.config.runtime.stream_stall_timeout)
-        self._backend = backend
+        self._launcher = launcher
 
     @property
     def is_dead(self) -> bool:
@@ -115,10 +108,10 @@ class AsyncEngine:
     @property
     def info(self) -> dict:
         """What the scheduler reported at start-up (vocab_size, max_model_len, num_kv_blocks)."""
-        return self._backend.info if self._backend is not None else {}
+        return self._launcher.info if self._launcher is not None else {}
 
     def child_pids(self) -> dict[str, int]:
-        return self._backend.pids() if self._backend is not None else {}
+        return self._launcher.pids() if self._launcher is not None else {}
 
     def _on_death(self, name: str, what: str) -> None:
         self._dead = EngineDeadError(f"the engine is dead: {what}")
@@ -191,10 +184,10 @@ class AsyncEngine:
         if self._starting is not None and not self._starting.done():
             self._starting.cancel()  # the launcher kills what it had started
             await asyncio.gather(self._starting, return_exceptions=True)
-        if self._backend is not None:
+        if self._launcher is not None:
             if self._dead is None:
                 self._client.fail_all(EngineDeadError("the engine was closed"))
-            await self._backend.stop("close")
+            await self._launcher.stop("close")
             await self._client.close()
         self._ctx.term()
 

@@ -1,8 +1,10 @@
-"""Build an engine's actors, in child processes or on the caller's loop, and give back a client.
+"""Start an engine's actors and stop them: the one launcher interface, and the launcher a config names.
 
-Runs in the launcher. Multiprocess: worker and scheduler start at once (the worker loads weights while the
-scheduler loads the tokenizer), each reports ready, then the supervisor watches them. In-process: the same
-actors run as tasks on the current loop over inproc:// sockets.
+Runs in the process that starts the engine (``AsyncEngine``, the one client of a launcher). Three launchers
+keep the same promise (``Launcher``): multiprocess (worker and scheduler start at once as supervised child
+processes, the worker loading weights while the scheduler loads the tokenizer, and each reports ready),
+in-loop (the same actors as tasks on the caller's loop over inproc:// sockets, ``mode="inprocess"``), and
+Ray (the actors as Ray actors, ``runtime/ray_executor.py``). ``launcher_for`` picks one, once.
 """
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import asyncio
 import dataclasses
 import tempfile
 import uuid
-from typing import Callable, Optional
+from typing import Callable, Optional, Protocol
 
 import zmq.asyncio
 
@@ -23,6 +25,32 @@ from actorserve.runtime.errors import EngineStartError
 from actorserve.runtime.supervisor import Supervisor
 from actorserve.runtime.transport.channel import Channel
 from actorserve.runtime.transport.messages import Shutdown
+
+
+class Launcher(Protocol):
+    """What ``AsyncEngine`` needs of the actors' launcher: start them (``on_death(name, why)`` is called if
+    one dies after the start), the address of the scheduler's client socket and what it reported when
+    ready, their process ids, and a stop that lets the scheduler abort what is in flight."""
+
+    config: EngineConfig
+    addresses: Addresses
+    info: dict
+
+    async def start(self, on_death: Callable[[str, str], None]) -> None: ...
+
+    async def stop(self, reason: str = "close") -> None: ...
+
+    def pids(self) -> dict[str, int]: ...
+
+
+def launcher_for(config: EngineConfig, ctx: zmq.asyncio.Context) -> Launcher:
+    if config.runtime.mode == "inprocess":
+        return InLoopLauncher(config, ctx)
+    if config.parallel.distributed_executor_backend == "ray":
+        from actorserve.runtime.ray_executor import RayLauncher  # ray is an extra
+
+        return RayLauncher(config, ctx)
+    return MultiprocessLauncher(config, ctx)
 
 
 class _Control:
@@ -42,13 +70,14 @@ class _Control:
             self._channel.close()
 
 
-class MultiprocessEngine:
+class MultiprocessLauncher:
     """The actors in child processes under a Supervisor."""
 
     def __init__(self, config: EngineConfig, ctx: zmq.asyncio.Context) -> None:
         parallel = config.parallel
         if parallel.pipeline_parallel_size > 1 and parallel.master_port is None:
-            config = dataclasses.replace(config, parallel=dataclasses.replace(parallel, master_port=free_ports("127.0.0.1", 1)[0]))
+            port = free_ports("127.0.0.1", 1)[0]
+            config = dataclasses.replace(config, parallel=dataclasses.replace(parallel, master_port=port))
         self.config = config
         self.size = config.parallel.pipeline_parallel_size
         self.directory = tempfile.mkdtemp(prefix="actorserve-")
@@ -85,7 +114,7 @@ class MultiprocessEngine:
             self.control.close()
 
 
-class InProcessEngine:
+class InLoopLauncher:
     """The same actors as tasks on the caller's loop, for tests and debugging."""
 
     def __init__(self, config: EngineConfig, ctx: zmq.asyncio.Context) -> None:

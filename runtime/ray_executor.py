@@ -118,8 +118,8 @@ def _with_control(addresses: Addresses, control: str) -> Addresses:
     return Addresses(addresses.client, addresses.scheduler_in, addresses.worker_in, control)
 
 
-class RayEngine:
-    """The launcher's backend over Ray: the MultiprocessEngine's interface (start, stop, pids)."""
+class RayLauncher:
+    """The actors as Ray actors: a ``Launcher`` (start, stop, pids) as the multiprocess one is."""
 
     def __init__(self, config: EngineConfig, ctx: zmq.asyncio.Context) -> None:
         self.config = config

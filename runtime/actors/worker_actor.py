@@ -20,7 +20,7 @@ import zmq.asyncio
 from actorserve.runtime.actor import Actor
 from actorserve.runtime.actors.addresses import Addresses
 from actorserve.runtime.config import EngineConfig
-from actorserve.runtime.inprocess import load_worker
+from actorserve.runtime.worker_assembly import load_worker
 from actorserve.runtime.transport.channel import Channel, Envelope
 from actorserve.runtime.transport.messages import (ExecuteBatch, Message, Shutdown, SleepRequest, SleepStatus,
                                                    StepResult, WakeUpRequest, WorkerReady)

@@ -126,7 +126,7 @@ async def test_closed_engine_refuses_work(tiny_llama_dir):
     model, args = engine_args(tiny_llama_dir)
     engine = await AsyncEngine.create(model, **args)
     pids = engine.child_pids()
-    directory = engine._backend.directory
+    directory = engine._launcher.directory
     await engine.close()
     assert not os.path.exists(directory)  # ipc socket files removed
     import psutil

@@ -16,7 +16,7 @@ def test_llm_over_two_replicas_answers_as_one_engine():
     with LLM(max_model_len=1024, kv_cache_memory=64 << 20, data_parallel_size=2) as two:
         got = [o.outputs[0].token_ids for p in (greedy, seeded) for o in two.generate(prompts, p, use_tqdm=False)]
         got_beams = [[s.tokens for s in o.sequences] for o in two.beam_search(prompts, beams)]  # (processes)
-        assert sorted(two._background.engine.child_pids()) == ["scheduler", "scheduler-dp1", "worker0", "worker0-dp1"]
+        assert sorted(two._sync.engine.child_pids()) == ["scheduler", "scheduler-dp1", "worker0", "worker0-dp1"]
     assert got == expected
     assert got_beams == expected_beams
 

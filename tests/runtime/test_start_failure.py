@@ -24,13 +24,13 @@ async def collect(engine, prompt):
 
 def count_starts(monkeypatch) -> list:
     starts = []
-    original = launcher.MultiprocessEngine.start
+    original = launcher.MultiprocessLauncher.start
 
     async def counted(self, on_death):
         starts.append(self)
         return await original(self, on_death)
 
-    monkeypatch.setattr(launcher.MultiprocessEngine, "start", counted)
+    monkeypatch.setattr(launcher.MultiprocessLauncher, "start", counted)
     return starts
 
 

@@ -6,7 +6,7 @@ import torch
 
 from actorserve.runtime.resolve import engine_config
 from actorserve.runtime.engine.sampling_params import SamplingParams
-from actorserve.runtime.inprocess import build_engine
+from actorserve.runtime.worker_assembly import build_engine
 from tests.conftest import save_tiny_model
 
 FAMILIES = {

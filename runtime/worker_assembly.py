@@ -1,7 +1,9 @@
-"""Assemble the engine's pieces: load the model (or one stage), size the KV cache, wire core and runner.
+"""The worker assembly: load the model (or one pipeline stage) and its draft, size and allocate the KV cache,
+build the runner, each part from its own sub-config.
 
-``load_worker`` is what a worker does at start-up (in a WorkerActor process, or here); ``build_engine``
-puts a whole engine in the caller's process for the offline ``LLM``.
+``load_worker`` is what every worker does at start-up (a WorkerActor, in a child process, a Ray actor or on
+the caller's loop); ``build_engine`` puts a whole engine, core and runner, in the caller's process for the
+offline ``LLM``.
 """
 from __future__ import annotations
 
