@@ -16,7 +16,7 @@ TRITON_FOR_TORCH := triton==3.7.1
 # the kernel tests and the reference outputs. What no gate changes is left to the first pass: the engine's own
 # tests, the text package, the triton kernels (interpreted) and the GGUF reader.
 GENERIC_TESTS := tests/kernels tests/actorserve/test_llm_reference.py --ignore=tests/kernels/triton
-ISA_TESTS := $(GENERIC_TESTS) tests/runtime/model --ignore=tests/runtime/model/test_gguf_file.py
+ISA_TESTS := $(GENERIC_TESTS) tests/runtime/model --ignore=tests/runtime/model/weights/test_gguf_file.py
 
 PIN_HEADER := \# The versions the whole of make test last passed with; written by make constraints (see docs/development.md)
 

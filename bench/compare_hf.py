@@ -39,7 +39,7 @@ import torch
 from actorserve import LLM, SamplingParams
 from actorserve.kernels import capability
 from actorserve.runtime.config import KV_CACHE_DTYPES
-from actorserve.runtime.model.quantization import NAMES as QUANT_METHOD_NAMES
+from actorserve.runtime.model.weights.quantization import NAMES as QUANT_METHOD_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ROOT.parent / "shared" / "reference" / "bench_prompts.json"
@@ -50,7 +50,7 @@ def hf_model(llm: LLM):
     the engine's copy may be bf16, with its matrices prepacked)."""
     import transformers
 
-    from actorserve.runtime.model.loader import load_model
+    from actorserve.runtime.model.weights.loader import load_model
 
     ours = load_model(llm.config.model.model, "float32", skip_tokenizer=True).model
     cfg = ours.cfg
@@ -223,7 +223,7 @@ def main() -> None:
 
 
 def _default_gguf() -> str:
-    from actorserve.runtime.model.loader import resolve_model_path
+    from actorserve.runtime.model.weights.loader import resolve_model_path
 
     return resolve_model_path(None)
 

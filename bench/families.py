@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.conftest import save_tiny_model  # noqa: E402  (the tests' own tiny-model recipe)
 
 from actorserve import LLM, SamplingParams  # noqa: E402
-from actorserve.runtime.model import registry  # noqa: E402
+from actorserve.runtime.model.architectures import registry  # noqa: E402
 
 # each family's own settings, given the config's intermediate size s and head size d: MoE families with 8
 # experts of half the dense width, 2 active; sliding windows (16 tokens) shorter than a request

@@ -23,14 +23,14 @@ PIECES = {
     "import_frontend": "import actorserve.frontend.app, actorserve.frontend.server",
     "import_child": "import actorserve.runtime.process, actorserve.runtime.actors.worker_actor, "
                     "actorserve.runtime.actors.scheduler_actor",
-    "tokenizer": "from actorserve.runtime.model.loader import resolve_model_path; "
+    "tokenizer": "from actorserve.runtime.model.weights.loader import resolve_model_path; "
                  "from actorserve.runtime.text.tokenizer import load_tokenizer; "
                  "import time; t = time.perf_counter(); load_tokenizer(resolve_model_path(None)); "
                  "print(time.perf_counter() - t)",
-    "gguf_read_dequantize": "from actorserve.runtime.model.loader import load_model; import time; "
+    "gguf_read_dequantize": "from actorserve.runtime.model.weights.loader import load_model; import time; "
                             "t = time.perf_counter(); load_model(None, DTYPE, skip_tokenizer=True); "
                             "print(time.perf_counter() - t)",
-    "kv_cache_allocation": "import torch, time; from actorserve.runtime.model.runner import _zeroed_caches; "
+    "kv_cache_allocation": "import torch, time; from actorserve.runtime.model.execution.runner import _zeroed_caches; "
                            "t = time.perf_counter(); _zeroed_caches((KV // 60,), torch.uint8, torch.device('cpu'), 30); "
                            "print(time.perf_counter() - t)",
 }

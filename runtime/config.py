@@ -121,7 +121,7 @@ class ModelConfig:
     skip_tokenizer_init: bool = option(False, "token ids in and out, no tokenizer")
     quantization: Optional[str] = option(None, "how the weights are held and multiplied", registry="quantization",
                                          aliases=("-q",))
-    # vLLM's switch off the captured decode step: here the decode fast path (runtime.model.decode_fast_path)
+    # vLLM's switch off the captured decode step: here the decode fast path (runtime.model.execution.decode_fast_path)
     enforce_eager: bool = option(False, "run every step through the model's modules (no decode fast path), "
                                         "as vLLM's flag")
     trust_remote_code: bool = option(False, "accepted as vLLM's flag; a model whose config.json needs its own "
@@ -353,7 +353,7 @@ class DeviceConfig:
     device: str = option("cpu", "where the model runs: cpu, cuda, cuda:N, or auto (CUDA where torch sees it)")
     attention_backend: Optional[str] = option(None, "force an attention backend; default: the device's best that "
                                                     "serves the model", registry="attention_backend")
-    # CUDA graphs of decode steps (runtime.model.cuda_graphs): vLLM's flags; --enforce-eager turns them off
+    # CUDA graphs of decode steps (runtime.model.execution.cuda_graphs): vLLM's flags; --enforce-eager turns them off
     max_cudagraph_capture_size: int = option(512, "the largest decode batch captured as a CUDA graph (also capped "
                                                   "by max_num_seqs and max_num_batched_tokens)")
     cudagraph_capture_sizes: Optional[tuple[int, ...]] = option(

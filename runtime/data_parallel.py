@@ -3,7 +3,7 @@
 Runs in the launcher (the HTTP frontend's process, or the caller's). Each replica is an ``AsyncEngine`` of
 its own, its processes named with ``-dpN`` and the cores shared out among all workers. A request goes to the
 live replica with the fewest requests outstanding (the lowest rank on a tie), and its abort follows it
-there. A seeded request draws from its own noise stream (``runtime.model.sampler.noise_stream``), so which
+there. A seeded request draws from its own noise stream (``runtime.model.sampling.sampler.noise_stream``), so which
 replica serves it does not change its answer. A replica that dies fails only its own streams: the others
 go on serving, ``replica_states`` reports each one for /health and /metrics, and the engine counts as dead
 (``wait_dead``) once every replica is.

@@ -13,7 +13,7 @@ from typing import Any, Optional
 from actorserve.kernels import capability
 from actorserve.kernels.attention import selector
 from actorserve.runtime.config import EngineConfig
-from actorserve.runtime.model import quantization
+from actorserve.runtime.model.weights import quantization
 
 # The registries whose names a config field takes (``option(registry=...)``): each name, and what it is
 REGISTRIES: dict[str, dict[str, str]] = {

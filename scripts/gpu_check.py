@@ -57,13 +57,15 @@ def steps(python: str, out_dir: Path) -> list[Step]:
     return [
         Step("install", install, 60),
         Step("cuda-tests", ["bash", "-c", " ".join([
-            *pytest, "-m", "cuda", "tests", "--ignore", "tests/runtime/model/test_decoder_vs_transformers.py",
-            "--ignore", "tests/runtime/model/test_cuda_graphs.py", "; a=$?;",
+            *pytest, "-m", "cuda", "tests",
+            "--ignore", "tests/runtime/model/architectures/test_decoder_vs_transformers.py",
+            "--ignore", "tests/runtime/model/execution/test_cuda_graphs.py", "; a=$?;",
             # (the compile check needs no GPU: make test runs it)
             *pytest, "tests/kernels/triton", "--ignore", "tests/kernels/triton/test_compiled_for_gpus.py",
             "; exit $((a | $?))"])], 120, compiled),
-        Step("families", [*pytest, "-m", "cuda", "tests/runtime/model/test_decoder_vs_transformers.py"], 60, compiled),
-        Step("cuda-graphs", [*pytest, "-m", "cuda", "tests/runtime/model/test_cuda_graphs.py"], 45, compiled),
+        Step("families", [*pytest, "-m", "cuda", "tests/runtime/model/architectures/test_decoder_vs_transformers.py"],
+             60, compiled),
+        Step("cuda-graphs", [*pytest, "-m", "cuda", "tests/runtime/model/execution/test_cuda_graphs.py"], 45, compiled),
         Step("decode-bench", [python, str(ROOT / "bench" / "gpu_decode.py"), "--json", str(out_dir / BENCH_JSON)],
              180, compiled),
     ]

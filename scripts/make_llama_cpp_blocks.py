@@ -5,7 +5,7 @@ requantized to each of its presets by llama-cpp-python, the bench extra).
 Each tensor of the file is the first ROWS rows of one tensor of one requantized file, its blocks copied as
 llama.cpp wrote them, named ``<preset>.<tensor>``; one tensor a block type a preset holds, the widest
 (the K types need rows of 256 values). The test suite decodes them bit for bit against gguf-py where
-llama-cpp-python is not installed (tests/runtime/model/test_real_gguf.py).
+llama-cpp-python is not installed (tests/runtime/model/weights/test_real_gguf.py).
 
     .venv/bin/python scripts/make_llama_cpp_blocks.py
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from actorserve.benchmarks import real_files
-from actorserve.runtime.model.gguf_file import GGUFFile
+from actorserve.runtime.model.weights.gguf_file import GGUFFile
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "data" / "llama_cpp_blocks.gguf"

@@ -112,8 +112,8 @@ def hf_smollm():
     (transformers' own GGUF path needs accelerate, which is not a dependency here)."""
     import transformers
 
-    from actorserve.runtime.model.gguf_weights import iter_tensors, open_gguf
-    from actorserve.runtime.model.loader import resolve_model_path
+    from actorserve.runtime.model.weights.gguf_weights import iter_tensors, open_gguf
+    from actorserve.runtime.model.weights.loader import resolve_model_path
 
     reader, cfg = open_gguf(resolve_model_path(None))
     config = transformers.LlamaConfig(

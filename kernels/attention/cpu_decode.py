@@ -52,7 +52,7 @@ def available(dtype: torch.dtype = torch.bfloat16, kv_dtype: Optional[torch.dtyp
 def library(dtype: torch.dtype = torch.bfloat16, kv_dtype: Optional[torch.dtype] = None) -> Optional[ctypes.CDLL]:
     """The library built for queries of ``dtype`` over caches of ``kv_dtype`` (default: the same), with its
     signatures declared (``paged_decode``, ``write_kv``), for callers that plan a whole step on raw pointers
-    (``runtime.model.decode_fast_path``); None where it is not available."""
+    (``runtime.model.execution.decode_fast_path``); None where it is not available."""
     lib = _libraries.get((dtype, dtype if kv_dtype is None else kv_dtype))
     return None if lib is None else lib.get()
 

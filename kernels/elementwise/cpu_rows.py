@@ -32,7 +32,7 @@ def available(dtype: torch.dtype = torch.bfloat16) -> bool:
 def library(dtype: torch.dtype = torch.bfloat16) -> Optional[ctypes.CDLL]:
     """The library built for rows of ``dtype``, with its signatures declared (functions by their plain
     names: ``rms_norm``, ``rotary``, ...), for callers that plan a whole step on raw pointers
-    (``runtime.model.decode_fast_path``); None where it is not available."""
+    (``runtime.model.execution.decode_fast_path``); None where it is not available."""
     lib = _libraries.get(dtype)
     return None if lib is None else lib.get()
 

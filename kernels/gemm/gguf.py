@@ -4,7 +4,7 @@
 Dequantized to fp32 at load, a 4.5-bit weight takes 32 bits: seven times the bytes that every decode step
 reads, and seven times the memory. ``GgufWeight`` holds the file's blocks instead. A product of a few rows
 (a decode step) runs ``gguf_blocks.c``, which decodes each block in registers as it reads it, into
-exactly the fp32 values the reference decoder gives (``runtime.model.gguf_dequant``), so only the order
+exactly the fp32 values the reference decoder gives (``runtime.model.weights.gguf_dequant``), so only the order
 of each dot product's sum differs from the dense fp32 product. A product of many rows (a prefill) is
 bound by arithmetic, not by reading the weight: the matrix is decoded, by the same kernel, into a
 reused buffer (a tile of rows at a time where it is larger) that torch's own GEMM multiplies.

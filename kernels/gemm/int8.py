@@ -74,7 +74,7 @@ def kernels_available() -> bool:
 
 def library() -> Optional[ctypes.CDLL]:
     """The built row passes with their signatures declared, for callers that plan a whole step on raw
-    pointers (``runtime.model.decode_fast_path``); None where they are not available."""
+    pointers (``runtime.model.execution.decode_fast_path``); None where they are not available."""
     return _library.get()
 
 

@@ -1,5 +1,5 @@
 """How a weight multiplies the rows of a decode step, bound once at load: each weight kind says it for
-itself (``rows_product``), and the decode fast path (``runtime.model.decode_fast_path``) chains them. A new
+itself (``rows_product``), and the decode fast path (``runtime.model.execution.decode_fast_path``) chains them. A new
 weight kind that gives one joins that path without touching it; one that gives none (or none for the
 model's dtype) is multiplied there through its module (``Linear.forward``)."""
 from __future__ import annotations

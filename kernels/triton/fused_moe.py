@@ -4,7 +4,7 @@ products of every expert with tokens (each program a block of pairs of one exper
 once for the block), SiLU-and-multiply, and one more launch for the down products, scaled by the routing
 weights; the k outputs of a token are summed last.
 
-Reference: ``runtime.model.moe.SparseMoE``'s torch path (one product per expert over its tokens).
+Reference: ``runtime.model.architectures.moe.SparseMoE``'s torch path (one product per expert over its tokens).
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ values whose mass (among those top-k keeps, renormalised) reaches p, the most li
 thresholds are found by bisection over the row's values, each step one pass of masked counts or sums.
 The token is then the exponential race over the survivors, argmax of exp(x - max) / E with E ~ Exp(1)
 drawn by the caller (``noise``), so a seeded request's noise is still its own generator's. Reference:
-``runtime.model.sampler.top_k_top_p_mask`` (the CPU sampler's own filter, by sorting) and the race.
+``runtime.model.sampling.sampler.top_k_top_p_mask`` (the CPU sampler's own filter, by sorting) and the race.
 Values tied at a threshold are all kept, where sorting would keep some of them.
 """
 from __future__ import annotations

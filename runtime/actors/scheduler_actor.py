@@ -95,7 +95,7 @@ class SchedulerActor(Actor):
         inbox = self.channel(Channel(self.ctx, "pull", self.addresses.scheduler_in, bind=True, name="workers"))
         self.to_worker = self.channel(Channel(self.ctx, "push", self.addresses.worker_in, bind=False))
         if not self.config.model.skip_tokenizer_init:
-            from actorserve.runtime.model.loader import resolve_model_path
+            from actorserve.runtime.model.weights.loader import resolve_model_path
             from actorserve.runtime.text.tokenizer import load_tokenizer, max_token_chars
 
             self.tokenizer = load_tokenizer(self.config.model.tokenizer or resolve_model_path(self.config.model.model))

@@ -1,6 +1,6 @@
 """Sleep mode's levels and tags, checked at the edge (the scheduler, the Python API, the HTTP endpoints).
 
-Runs wherever a sleep or wake-up call arrives; the workers do the releasing (runtime.model.sleep_mode).
+Runs wherever a sleep or wake-up call arrives; the workers do the releasing (runtime.model.memory.sleep_mode).
 """
 from __future__ import annotations
 

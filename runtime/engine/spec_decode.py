@@ -1,7 +1,7 @@
 """Speculative decoding, the scheduler's side: which draft tokens a request's next step verifies.
 
 The target model checks k draft tokens in one step (its rows for the last token and each draft), and the
-rejection sampler (``runtime.model.rejection_sampler``) keeps the longest prefix it accepts plus one token
+rejection sampler (``runtime.model.sampling.rejection_sampler``) keeps the longest prefix it accepts plus one token
 of its own; several tokens then cost one step. The scheduler reserves KV slots for the drafts, and gives
 back the blocks of the rejected ones once the step is answered.
 
@@ -10,7 +10,7 @@ back the blocks of the rejected ones once the step is answered.
 their most recent earlier occurrence are the draft. It pays where the output copies its input: edits,
 summaries, code, RAG answers.
 
-``draft_model`` runs a smaller model in the worker (``runtime.model.draft_proposer``); here it only
+``draft_model`` runs a smaller model in the worker (``runtime.model.execution.draft_proposer``); here it only
 reserves the slots, and the worker fills them at the start of the step. A request with a grammar is not
 drafted for by it (its drafts would reach the scheduler's grammar check too late).
 """

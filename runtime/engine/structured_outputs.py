@@ -5,7 +5,7 @@ manager does). A request's ``StructuredOutputsParams`` is checked when it is add
 grammar that does not parse is a ValueError naming the problem: HTTP 400), compiled on a thread of its
 own, off the step loop, and the request is not admitted until its grammar is ready: it waits, and the
 batch goes on. Each step the scheduler sends, with each constrained request that samples, the bitmask of
-the tokens its grammar allows next; the sampler masks the other logits (``runtime.model.sampler``), and
+the tokens its grammar allows next; the sampler masks the other logits (``runtime.model.sampling.sampler``), and
 the request's matcher takes each token that comes out. With speculative decoding, the drafts are checked
 against the grammar ahead of the model (those it forbids are cut off) and each verifying row gets the
 bitmask of its own position.

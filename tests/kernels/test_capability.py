@@ -86,7 +86,7 @@ def test_bf16_and_int8_models_load_and_generate_on_a_lesser_cpu(isa, quantizatio
     from actorserve import LLM, SamplingParams
     from actorserve.kernels.attention import cpu_decode
     from actorserve.kernels.gemm import prepacked
-    from actorserve.runtime.model.layers import Linear
+    from actorserve.runtime.model.architectures.layers import Linear
 
     monkeypatch.setattr(prepacked.PackedWeight, "__init__", _no_reorder)  # a lesser CPU raises here
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)

@@ -7,7 +7,7 @@ from torch.nn import functional as F
 
 from actorserve.kernels.gemm import gguf
 from actorserve.kernels.gemm.gguf import GgufWeight, Segment
-from actorserve.runtime.model.gguf_dequant import dequantize, dequantize_ref
+from actorserve.runtime.model.weights.gguf_dequant import dequantize, dequantize_ref
 
 pytestmark = pytest.mark.skipif(not gguf.available(), reason="needs a CPU with AVX2 and a C compiler")
 

@@ -6,7 +6,7 @@ from torch.nn import functional as F
 
 from actorserve.kernels.elementwise import silu_mul_ref
 from actorserve.kernels.gemm import int8, linear
-from actorserve.runtime.model.layers import Linear
+from actorserve.runtime.model.architectures.layers import Linear
 from tests.conftest import save_tiny_model
 
 needs_kernels = pytest.mark.skipif(not int8.kernels_available(), reason="needs AVX2 and a C compiler")
@@ -141,7 +141,7 @@ def test_leading_dims_empty_input_and_errors():
 def test_quantized_model_holds_int8_layers_and_stays_close(tied, tmp_path):
     """quantization="int8" quantizes the layers' linears from the fp32 weights; the embedding and the lm_head
     keep the model's dtype; the layers' outputs stay within int8's error of the unquantized model's."""
-    from actorserve.runtime.model import loader
+    from actorserve.runtime.model.weights import loader
 
     directory = save_tiny_model("llama", tmp_path / "m", seed=3, tie_word_embeddings=tied)
     quant = loader.load_model(str(directory), "bfloat16", skip_tokenizer=True, quantization="int8").model
@@ -162,7 +162,7 @@ def test_quantized_model_holds_int8_layers_and_stays_close(tied, tmp_path):
 def test_an_unknown_quantization_is_refused(tmp_path):
     from actorserve.runtime.resolve import engine_config
     from actorserve.runtime.errors import ModelLoadError
-    from actorserve.runtime.model import loader
+    from actorserve.runtime.model.weights import loader
 
     with pytest.raises(ValueError, match="quantization must be one of"):
         engine_config(None, quantization="int4")
@@ -203,7 +203,7 @@ def test_fused_silu_mul_quantize_is_the_three_passes(m, n):
 
 
 def test_int8_mlp_fuses_the_middle_and_equals_the_unfused_layers(tmp_path):
-    from actorserve.runtime.model import loader
+    from actorserve.runtime.model.weights import loader
 
     directory = save_tiny_model("llama", tmp_path / "m", seed=5)
     model = loader.load_model(str(directory), "bfloat16", skip_tokenizer=True, quantization="int8").model

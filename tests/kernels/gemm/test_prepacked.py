@@ -4,7 +4,7 @@ import torch
 from torch.nn import functional as F
 
 from actorserve.kernels.gemm import linear, prepacked
-from actorserve.runtime.model.layers import Linear
+from actorserve.runtime.model.architectures.layers import Linear
 from tests.conftest import save_tiny_model
 
 pytestmark = pytest.mark.skipif(not prepacked.available(), reason="torch without oneDNN")
@@ -47,7 +47,7 @@ def test_gate_and_errors():
 def test_prepacked_model_gives_the_unpacked_models_logits(tied, tmp_path, monkeypatch):
     """The loader prepacks bf16 models; their outputs are those of the same model left plain, and the
     linears no longer hold a plain copy."""
-    from actorserve.runtime.model import loader
+    from actorserve.runtime.model.weights import loader
 
     directory = save_tiny_model("llama", tmp_path / "m", seed=3, tie_word_embeddings=tied)
     packed = loader.load_model(str(directory), "bfloat16", skip_tokenizer=True).model

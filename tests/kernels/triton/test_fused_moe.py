@@ -7,7 +7,7 @@ import torch
 
 from actorserve.kernels import triton as kernels_triton
 from actorserve.kernels.triton import fused_moe as fm
-from actorserve.runtime.model.moe import SparseMoE
+from actorserve.runtime.model.architectures.moe import SparseMoE
 
 
 def test_pairs_are_sorted_by_expert_and_padded_to_blocks():

@@ -56,10 +56,10 @@ def test_the_prefill_kernel_equals_the_chunked_form(device, state_elements, monk
 
 
 def test_the_gdn_layer_takes_the_kernel_where_offered(monkeypatch, tmp_path, device):
-    from actorserve.runtime.model.hf_weights import read_config
-    from actorserve.runtime.model.linear_attention import GatedDeltaNet, LinearLayerState, LinearStep
+    from actorserve.runtime.model.weights.hf_weights import read_config
+    from actorserve.runtime.model.architectures.linear_attention import GatedDeltaNet, LinearLayerState, LinearStep
     from tests.conftest import save_tiny_model
-    from tests.runtime.model.test_linear_attention import SHAPE
+    from tests.runtime.model.architectures.test_linear_attention import SHAPE
 
     cfg = read_config(str(save_tiny_model("qwen3_next", tmp_path / "m", **SHAPE)))
     layer = GatedDeltaNet(cfg)

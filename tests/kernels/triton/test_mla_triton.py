@@ -7,10 +7,10 @@ import torch
 from actorserve.runtime.engine.sampling_params import SamplingParams
 
 from actorserve.runtime.transport.messages import NewRequest, ScheduledChunk, SchedulerOutput
-from actorserve.runtime.model.loader import load_model
-from actorserve.runtime.model.runner import ModelRunner
+from actorserve.runtime.model.weights.loader import load_model
+from actorserve.runtime.model.execution.runner import ModelRunner
 from tests.conftest import save_tiny_model
-from tests.runtime.model.test_mla import SHAPE
+from tests.runtime.model.architectures.test_mla import SHAPE
 
 SPEC = SamplingParams(temperature=0.0)
 

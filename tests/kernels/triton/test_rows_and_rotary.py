@@ -65,8 +65,8 @@ def test_the_models_row_operations_take_the_triton_kernels_on_a_gpu(tiny_llama_d
     route is opened for CPU tensors too, and a tiny Llama's logits match the torch path's."""
     from actorserve.kernels import elementwise
     from actorserve.runtime.transport.messages import ScheduledChunk, SchedulerOutput
-    from actorserve.runtime.model.loader import load_model
-    from actorserve.runtime.model.runner import ModelRunner
+    from actorserve.runtime.model.weights.loader import load_model
+    from actorserve.runtime.model.execution.runner import ModelRunner
 
     model = load_model(str(tiny_llama_dir), "float32", skip_tokenizer=True, device=device).model
     step = SchedulerOutput(1, [], [ScheduledChunk("a", [5, 9, 2, 77, 31], 0, [1], True)], [])

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from actorserve.kernels.triton.sampling import top_k_top_p_sample
-from actorserve.runtime.model.sampler import top_k_top_p_mask
+from actorserve.runtime.model.sampling.sampler import top_k_top_p_mask
 
 
 def test_top_k_top_p_sampling_matches_the_sampler(device):
@@ -26,8 +26,8 @@ def test_the_sampler_takes_the_kernel_on_a_gpu(monkeypatch, device):
     for CPU tensors too, and seeded rows give the torch path's tokens."""
     from actorserve.kernels.triton import sampling
     from actorserve.runtime.engine.sampling_params import SamplingParams
-    from actorserve.runtime.model import sampler as sampler_module
-    from actorserve.runtime.model.sampler import Sampler, SamplingRow, noise_stream
+    from actorserve.runtime.model.sampling import sampler as sampler_module
+    from actorserve.runtime.model.sampling.sampler import Sampler, SamplingRow, noise_stream
 
     specs = [SamplingParams(**{"temperature": 0.9, **kw}) for kw in (
         dict(top_k=20), dict(top_p=0.8), dict(min_p=0.05), dict(temperature=0.0), dict(top_k=5, top_p=0.5), {})]

@@ -43,8 +43,8 @@ def test_a_tiny_llama_through_the_triton_backend(tiny_llama_dir, device):
     backend: prefill then two decode steps with a prefix in the cache."""
     from actorserve.runtime.engine.sampling_params import SamplingParams
     from actorserve.runtime.transport.messages import NewRequest, ScheduledChunk, SchedulerOutput
-    from actorserve.runtime.model.loader import load_model
-    from actorserve.runtime.model.runner import ModelRunner
+    from actorserve.runtime.model.weights.loader import load_model
+    from actorserve.runtime.model.execution.runner import ModelRunner
 
     model = load_model(str(tiny_llama_dir), "float32", skip_tokenizer=True, device=device).model
     spec = SamplingParams(temperature=0.0)

@@ -1,0 +1,1 @@
+"""Running steps: the model runner, its decode fast path, CUDA graphs, and the draft-model proposer."""
