@@ -1,7 +1,7 @@
 """Triton kernels for the GPU workers: the row operations (RMSNorm with and without the residual add,
 SiLU-and-multiply), rotary + KV-cache write, unified paged attention (prefill chunks and decodes in one
-launch, sliding windows and soft caps), a W4A16 GEMM over the GGUF files' 4-bit blocks, top-k/top-p
-sampling, fused mixture-of-experts, and the GDN layers' decode step.
+launch, sliding windows and soft caps), top-k/top-p sampling, fused mixture-of-experts, and the GDN
+layers' decode step.
 
 triton is an optional dependency (the ``cuda`` and ``test`` extras): nothing imports these modules until
 a triton path is chosen, and each one imports triton itself. Every kernel has its torch reference (the
