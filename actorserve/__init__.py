@@ -21,7 +21,7 @@ if SOURCE_ROOT is not None:
     __path__.append(SOURCE_ROOT)  # actorserve.runtime is <root>/runtime
 
 # The public names load on first use (PEP 562), so that a child process started as
-# ``python -m actorserve.runtime.process`` imports only what its actor needs, and imports it once.
+# ``python -m actorserve.runtime.actors.child`` imports only what its actor needs, and imports it once.
 _PUBLIC = {
     "LLM": "actorserve.llm", "AsyncEngine": "actorserve.runtime.async_engine",
     "ZmqClient": "actorserve.runtime.client", "SamplingParams": "actorserve.runtime.engine.sampling_params",

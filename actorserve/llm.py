@@ -13,7 +13,7 @@ from actorserve.runtime.engine.sampling_params import SamplingParams
 from actorserve.runtime.engine.sleep import check_level, check_tags
 from actorserve.runtime.errors import EngineSleepingError
 from actorserve.runtime.logs import setup_logging
-from actorserve.runtime.model.weights.loader import resolve_model_path
+from actorserve.runtime.model_files import resolve_model_path
 from actorserve.runtime.resolve import engine_config
 from actorserve.runtime.sync_engine import SyncEngine, sync_engine
 from actorserve.runtime.text.chat_template import render

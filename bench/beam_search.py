@@ -57,7 +57,7 @@ async def main() -> None:
     args = ap.parse_args()
     params = BeamSearchParams(beam_width=args.width, max_tokens=args.tokens, ignore_eos=True)
     async with AsyncEngine(kv_cache_memory=256 << 20, max_model_len=2048, disable_log_stats=True) as engine:
-        from actorserve.runtime.model.weights.loader import resolve_model_path
+        from actorserve.runtime.model_files import resolve_model_path
         from actorserve.runtime.text.tokenizer import load_tokenizer
 
         tok = load_tokenizer(resolve_model_path(engine.config.model.model))

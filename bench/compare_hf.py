@@ -223,7 +223,7 @@ def main() -> None:
 
 
 def _default_gguf() -> str:
-    from actorserve.runtime.model.weights.loader import resolve_model_path
+    from actorserve.runtime.model_files import resolve_model_path
 
     return resolve_model_path(None)
 

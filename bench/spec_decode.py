@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from actorserve import LLM, SamplingParams
-from actorserve.runtime.model.weights.loader import resolve_model_path
+from actorserve.runtime.model_files import resolve_model_path
 
 DATASET = Path(__file__).with_name("datasets") / "copy_heavy.jsonl"
 DEFAULT_SPEC = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'

@@ -21,9 +21,9 @@ import urllib.request
 
 PIECES = {
     "import_frontend": "import actorserve.frontend.app, actorserve.frontend.server",
-    "import_child": "import actorserve.runtime.process, actorserve.runtime.actors.worker_actor, "
+    "import_child": "import actorserve.runtime.actors.child, actorserve.runtime.actors.worker_actor, "
                     "actorserve.runtime.actors.scheduler_actor",
-    "tokenizer": "from actorserve.runtime.model.weights.loader import resolve_model_path; "
+    "tokenizer": "from actorserve.runtime.model_files import resolve_model_path; "
                  "from actorserve.runtime.text.tokenizer import load_tokenizer; "
                  "import time; t = time.perf_counter(); load_tokenizer(resolve_model_path(None)); "
                  "print(time.perf_counter() - t)",

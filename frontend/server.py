@@ -97,7 +97,7 @@ def generation_defaults(choice: str, model: Optional[str]) -> dict:
     if choice == "vllm":
         return {}
     if choice == "auto":
-        from actorserve.runtime.model.weights.loader import resolve_model_path
+        from actorserve.runtime.model_files import resolve_model_path
 
         folder = resolve_model_path(model)
         if not os.path.isdir(folder):
@@ -123,7 +123,7 @@ def new_context(engine, model: Optional[str], served_model_names: Sequence[str] 
                 options: Optional[ServeOptions] = None, limits: Optional[HttpLimits] = None) -> ServingContext:
     """A context whose engine has not started yet: ``complete_context`` fills in the rest. With ``limits``
     (a server's), chat templates render in a process of their own within its budget."""
-    from actorserve.runtime.model.weights.loader import DEFAULT_MODEL_NAME
+    from actorserve.runtime.model_files import DEFAULT_MODEL_NAME
     from actorserve.runtime.text.template_renderer import TemplateRenderer
 
     names = tuple(served_model_names) or (model if model is not None else DEFAULT_MODEL_NAME,)
@@ -138,7 +138,7 @@ def new_context(engine, model: Optional[str], served_model_names: Sequence[str] 
 async def complete_context(ctx: ServingContext, model: Optional[str], generation_config: str = "vllm") -> None:
     """Start the engine and load the tokenizer side by side: the engine's own (``--tokenizer`` is in its
     config, so the scheduler detokenizes with the one this process tokenizes with)."""
-    from actorserve.runtime.model.weights.loader import resolve_model_path
+    from actorserve.runtime.model_files import resolve_model_path
     from actorserve.runtime.text.tokenizer import load_tokenizer
 
     tokenizer_path = ctx.engine.config.model.tokenizer

@@ -16,7 +16,7 @@ from typing import Callable, Optional, Protocol
 
 import zmq.asyncio
 
-from actorserve.runtime.actors.addresses import Addresses, free_ports
+from actorserve.runtime.transport.addresses import Addresses, free_ports
 from actorserve.runtime.actors.scheduler_actor import SchedulerActor
 from actorserve.runtime.actors.worker_actor import WorkerActor
 from actorserve.runtime.config import EngineConfig

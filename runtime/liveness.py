@@ -1,6 +1,6 @@
 """A child's heartbeat, which tells a slow engine from a stuck one.
 
-Runs in every child process (``runtime.process``), on a thread of its own: a step that keeps the event
+Runs in every child process (``runtime.actors.child``), on a thread of its own: a step that keeps the event
 loop busy for a minute (one long prefill chunk, a host starved by other work) does not stop it, since
 torch's operators and the C kernels (called through ctypes) release the GIL while they compute. Each
 interval it writes one byte on the ready pipe: ``LOOP`` where the event loop turned since the last beat,

@@ -1,20 +1,12 @@
-"""Spawning an actor as a child process: ready handshake, death pipe, signals.
+"""Spawning an actor as a child process: its spec, its environment, its pipes.
 
-The launcher calls ``spawn``: a fresh interpreter runs ``python -m actorserve.runtime.process`` (so the caller's
-``__main__`` is never re-imported, guard or no guard), reads its typed ChildSpec from stdin, builds its
-actor on a uvloop loop, and reports ``{"kind": "ready" | "error", ...}`` as one JSON line on the ready
-pipe, then beats on the same pipe (``runtime.liveness``: the supervisor's hang detection). It stops on SIGTERM,
-when the launcher's end of the death pipe closes (the launcher died), or when its actor stops. SIGINT is
-left to the launcher, which drives shutdown for the whole engine.
+The launcher calls ``spawn``: a fresh interpreter runs ``python -m actorserve.runtime.actors.child`` (so the
+caller's ``__main__`` is never re-imported, guard or no guard) with the ready pipe and the death pipe, and
+reads its typed ChildSpec from stdin; what the child does with them is ``runtime/actors/child.py``'s.
 """
 from __future__ import annotations
 
-import asyncio
-import ctypes
-import json
-import logging
 import os
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -24,14 +16,8 @@ import msgspec
 
 from actorserve import SOURCE_ROOT
 from actorserve.kernels.capability import library_env
-from actorserve.runtime.actors.addresses import Addresses
+from actorserve.runtime.transport.addresses import Addresses
 from actorserve.runtime.config import EngineConfig, environment
-from actorserve.runtime.liveness import Heartbeat
-from actorserve.runtime.logs import setup_logging
-
-log = logging.getLogger("actorserve.process")
-
-_PR_SET_PDEATHSIG = 1
 
 
 class ChildSpec(msgspec.Struct, frozen=True):
@@ -90,7 +76,7 @@ def spawn(spec: ChildSpec) -> Child:
     death_r, death_w = os.pipe()
     env = child_env(spec.config)
     process = subprocess.Popen(
-        [sys.executable, "-m", "actorserve.runtime.process", str(ready_w), str(death_r), spec.name],  # name: for ps
+        [sys.executable, "-m", "actorserve.runtime.actors.child", str(ready_w), str(death_r), spec.name],  # for ps
         stdin=subprocess.PIPE, pass_fds=(ready_w, death_r), env=env,
     )
     os.close(ready_w)
@@ -98,75 +84,3 @@ def spawn(spec: ChildSpec) -> Child:
     process.stdin.write(msgspec.json.encode(msgspec.structs.replace(spec, parent_pid=os.getpid())))
     process.stdin.close()
     return Child(spec.name, process, os.fdopen(ready_r, "rb", buffering=0), death_w, os.pidfd_open(process.pid))
-
-
-def _main() -> int:
-    ready_fd, death_fd = int(sys.argv[1]), int(sys.argv[2])
-    spec = msgspec.json.decode(sys.stdin.buffer.read(), type=ChildSpec)
-    _die_with_parent(spec.parent_pid)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    setup_logging(spec.config.runtime.log_level, spec.name)
-    import uvloop
-
-    with os.fdopen(ready_fd, "wb", buffering=0) as ready:
-        return uvloop.run(_run(spec, ready, death_fd))
-
-
-async def _run(spec: ChildSpec, ready, death_fd: int) -> int:
-    import zmq.asyncio
-
-    from actorserve.runtime.actors.scheduler_actor import SchedulerActor
-    from actorserve.runtime.actors.worker_actor import WorkerActor
-
-    loop = asyncio.get_running_loop()
-    zctx = zmq.asyncio.Context()
-    reported = False
-
-    def report(kind: str, **fields) -> None:
-        ready.write(json.dumps({"kind": kind, **fields}).encode() + b"\n")
-
-    def on_ready(info: dict) -> None:
-        nonlocal reported
-        report("ready", info=info)
-        reported = True
-        heartbeat.start(loop)
-
-    heartbeat = Heartbeat(ready.fileno(), spec.config.runtime.heartbeat_interval)
-
-    try:
-        if spec.role == "worker":
-            actor = WorkerActor(zctx, spec.config, spec.addresses, spec.rank)
-        else:
-            actor = SchedulerActor(zctx, spec.config, spec.addresses)
-        loop.add_signal_handler(signal.SIGTERM, actor.stop)
-        loop.add_reader(death_fd, _on_launcher_gone, loop, death_fd, actor)
-        await actor.run(on_ready)
-        return 1 if actor.failed is not None else 0
-    except Exception as exc:
-        log.exception("%s failed", spec.name)
-        if not reported:
-            report("error", message=f"{spec.name}: {type(exc).__name__}: {exc}")
-        return 1
-    finally:
-        heartbeat.stop()
-        zctx.term()
-
-
-def _on_launcher_gone(loop, death_fd: int, actor) -> None:
-    loop.remove_reader(death_fd)
-    actor.stop()
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """Ask Linux to SIGTERM us when the launcher exits, and check it had not already gone."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass  # not Linux: the death pipe alone does it
-    if os.getppid() != parent_pid:
-        os._exit(1)
-
-
-if __name__ == "__main__":
-    sys.exit(_main())

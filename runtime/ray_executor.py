@@ -27,7 +27,7 @@ from typing import Callable, Optional
 
 import zmq.asyncio
 
-from actorserve.runtime.actors.addresses import Addresses
+from actorserve.runtime.transport.addresses import Addresses
 from actorserve.runtime.config import EngineConfig
 from actorserve.runtime.errors import EngineStartError
 from actorserve.runtime.process import checkout_path, held_libraries
@@ -61,7 +61,7 @@ class ActorHost:
         """This node's address and ``count`` distinct free ports on it."""
         import ray
 
-        from actorserve.runtime.actors.addresses import free_ports
+        from actorserve.runtime.transport.addresses import free_ports
 
         ip = ray.util.get_node_ip_address()
         return ip, free_ports(ip, count)

@@ -20,7 +20,8 @@ from actorserve.runtime.engine.core import EngineCore, ModelFacts
 from actorserve.runtime.model.execution.cuda_graphs import capture_sizes
 from actorserve.runtime.model.execution.draft_proposer import DraftModelProposer
 from actorserve.runtime.model.architectures.linear_attention import LinearLayerState
-from actorserve.runtime.model.weights.loader import LoadedModel, load_model, resolve_model_path
+from actorserve.runtime.model.weights.loader import LoadedModel, load_model
+from actorserve.runtime.model_files import resolve_model_path
 from actorserve.runtime.model.execution.runner import ModelRunner, kv_bytes_per_block
 from actorserve.runtime.model.memory.sleep_mode import SleepMode
 

@@ -113,7 +113,7 @@ def hf_smollm():
     import transformers
 
     from actorserve.runtime.model.weights.gguf_weights import iter_tensors, open_gguf
-    from actorserve.runtime.model.weights.loader import resolve_model_path
+    from actorserve.runtime.model_files import resolve_model_path
 
     reader, cfg = open_gguf(resolve_model_path(None))
     config = transformers.LlamaConfig(

@@ -27,6 +27,12 @@ RULES = [
                                  "torch"), "text is the tokenizer's and the templates': no tensors, no model"),
     ("actorserve.runtime.transport", ("actorserve.runtime.model", "actorserve.runtime.actors"),
      "wire types and sockets know no model and no actor"),
+    ("actorserve.frontend", ("actorserve.runtime.model", "actorserve.kernels"),
+     "the frontend serves HTTP: models are the workers' (model_files says where a model's files are)"),
+    ("actorserve.runtime.actors.scheduler_actor", ("actorserve.runtime.model", "actorserve.kernels"),
+     "the scheduler runs the engine core, not the model"),
+    ("actorserve.runtime.process", ("actorserve.runtime.actors",),
+     "spawning a child is below the actors it runs (runtime.actors.child is the child's main)"),
     ("actorserve.runtime.config", ("actorserve",), "the config is the bottom of the graph: registries check its "
                                                    "names when it is resolved (runtime.resolve)"),
 ]

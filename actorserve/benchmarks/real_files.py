@@ -58,7 +58,7 @@ def real_file(name: str, cache: Path = CACHE) -> Path:
     installed into the cache first where they are not."""
     if name == DEFAULT:
         from actorserve.runtime.errors import ModelLoadError
-        from actorserve.runtime.model.weights.loader import default_model_path
+        from actorserve.runtime.model_files import default_model_path
 
         try:
             return Path(default_model_path())

@@ -49,7 +49,7 @@ class RequestResult:
 
 
 def _tokenizer(args):
-    from actorserve.runtime.model.weights.loader import resolve_model_path
+    from actorserve.runtime.model_files import resolve_model_path
     from actorserve.runtime.text.tokenizer import load_tokenizer
 
     return load_tokenizer(args.tokenizer or resolve_model_path(None))

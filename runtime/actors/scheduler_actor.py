@@ -25,7 +25,7 @@ import zmq
 import zmq.asyncio
 
 from actorserve.runtime.actor import Actor
-from actorserve.runtime.actors.addresses import Addresses
+from actorserve.runtime.transport.addresses import Addresses
 from actorserve.runtime.actors.sleep_control import SleepControl
 from actorserve.runtime.config import EngineConfig
 from actorserve.runtime.engine.beam_search import BeamSearchParams
@@ -95,7 +95,7 @@ class SchedulerActor(Actor):
         inbox = self.channel(Channel(self.ctx, "pull", self.addresses.scheduler_in, bind=True, name="workers"))
         self.to_worker = self.channel(Channel(self.ctx, "push", self.addresses.worker_in, bind=False))
         if not self.config.model.skip_tokenizer_init:
-            from actorserve.runtime.model.weights.loader import resolve_model_path
+            from actorserve.runtime.model_files import resolve_model_path
             from actorserve.runtime.text.tokenizer import load_tokenizer, max_token_chars
 
             self.tokenizer = load_tokenizer(self.config.model.tokenizer or resolve_model_path(self.config.model.model))

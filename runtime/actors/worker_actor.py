@@ -18,7 +18,7 @@ import msgspec
 import zmq.asyncio
 
 from actorserve.runtime.actor import Actor
-from actorserve.runtime.actors.addresses import Addresses
+from actorserve.runtime.transport.addresses import Addresses
 from actorserve.runtime.config import EngineConfig
 from actorserve.runtime.worker_assembly import load_worker
 from actorserve.runtime.transport.channel import Channel, Envelope

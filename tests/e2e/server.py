@@ -13,7 +13,7 @@ import urllib.request
 
 import psutil
 
-from actorserve.runtime.actors.addresses import free_ports
+from actorserve.runtime.transport.addresses import free_ports
 
 API_KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

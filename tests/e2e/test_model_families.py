@@ -5,7 +5,7 @@ import openai
 import pytest
 
 from actorserve.runtime.model.architectures import registry
-from actorserve.runtime.model.weights.loader import resolve_model_path
+from actorserve.runtime.model_files import resolve_model_path
 from tests.conftest import save_tiny_model
 from tests.e2e.server import API_KEY, Server
 

@@ -8,7 +8,7 @@ import urllib.request
 import openai
 import pytest
 
-from actorserve.runtime.model.weights.loader import resolve_model_path
+from actorserve.runtime.model_files import resolve_model_path
 
 from tests.e2e.server import API_KEY, Server
 from tests.e2e.test_openai_server import MODEL

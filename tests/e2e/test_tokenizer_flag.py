@@ -13,7 +13,7 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 def swapped_tokenizer(tmp_path_factory):
-    from actorserve.runtime.model.weights.loader import resolve_model_path
+    from actorserve.runtime.model_files import resolve_model_path
     from actorserve.runtime.text.tokenizer import load_tokenizer
 
     directory = tmp_path_factory.mktemp("swapped-tokenizer")

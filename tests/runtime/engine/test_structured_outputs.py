@@ -109,7 +109,8 @@ def test_a_failed_compile_lets_the_request_only_stop():
 def test_drafts_are_cut_where_the_grammar_forbids_them_and_each_row_gets_its_mask():
     """With a real matcher over the model's tokenizer: a regex of digits takes "1" "2" but not "x"; the
     rows' masks are the state before each kept draft, and the matcher is left where it was."""
-    from actorserve.runtime.model.weights.loader import load_tokenizer, resolve_model_path
+    from actorserve.runtime.model.weights.loader import load_tokenizer
+    from actorserve.runtime.model_files import resolve_model_path
 
     tok = load_tokenizer(resolve_model_path(None))
     manager = StructuredOutputManager(tok, 49152, 2)
@@ -139,7 +140,8 @@ def big_choice_text(i: int) -> str:
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from actorserve.runtime.model.weights.loader import load_tokenizer, resolve_model_path
+    from actorserve.runtime.model.weights.loader import load_tokenizer
+    from actorserve.runtime.model_files import resolve_model_path
 
     return load_tokenizer(resolve_model_path(None))
 

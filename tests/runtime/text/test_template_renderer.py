@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from actorserve.runtime.model.weights.loader import resolve_model_path
+from actorserve.runtime.model_files import resolve_model_path
 from actorserve.runtime.text.template_renderer import TemplateError, TemplateRenderer
 from actorserve.runtime.text.tokenizer import load_tokenizer
 

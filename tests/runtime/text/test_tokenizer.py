@@ -4,7 +4,7 @@ import os
 import pytest
 
 from actorserve.runtime.text import tokenizer as tok_module
-from actorserve.runtime.model.weights.loader import resolve_model_path
+from actorserve.runtime.model_files import resolve_model_path
 
 TEXTS = ["The capital of France is", "  spaces\n\ttabs <|im_start|> émoji 🤖 ", ""]
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]

@@ -102,7 +102,7 @@ def test_a_model_drafting_for_itself_keeps_every_draft_through_preemption_and_pr
 
 
 def test_the_default_model_drafting_for_itself_keeps_every_draft(greedy_reference):
-    from actorserve.runtime.model.weights.loader import resolve_model_path
+    from actorserve.runtime.model_files import resolve_model_path
 
     ref = greedy_reference["prompts"][1]
     engine = LLM(kv_cache_memory=96 << 20, max_model_len=512, disable_log_stats=True,

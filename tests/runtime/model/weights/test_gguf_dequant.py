@@ -6,7 +6,7 @@ import torch
 
 from actorserve.runtime.model.weights.gguf_dequant import dequantize, dequantize_ref
 from actorserve.runtime.model.weights.gguf_file import GGUFFile
-from actorserve.runtime.model.weights.loader import resolve_model_path
+from actorserve.runtime.model_files import resolve_model_path
 
 
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0", "F16", "F32"])

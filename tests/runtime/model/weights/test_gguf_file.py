@@ -4,7 +4,7 @@ import pytest
 
 from actorserve.runtime.errors import ModelLoadError
 from actorserve.runtime.model.weights.gguf_file import GGUFFile
-from actorserve.runtime.model.weights.loader import resolve_model_path
+from actorserve.runtime.model_files import resolve_model_path
 
 
 @pytest.fixture(scope="module")

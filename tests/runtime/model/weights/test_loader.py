@@ -174,7 +174,7 @@ def test_last_pipeline_stage_reads_the_embedding_only_where_tied(tied, tmp_path)
 
 
 def test_an_hf_hub_id_resolves_from_the_local_cache_only(tmp_path, monkeypatch):
-    from actorserve.runtime.model.weights.loader import resolve_model_path
+    from actorserve.runtime.model_files import resolve_model_path
 
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path))
@@ -193,7 +193,8 @@ def test_an_hf_hub_id_resolves_from_the_local_cache_only(tmp_path, monkeypatch):
 def test_a_model_that_needs_its_own_code_is_refused_and_auto_dtype_reads_the_checkpoint(tmp_path):
     import json
 
-    from actorserve.runtime.model.weights.loader import checkpoint_dtype, read_arch_config, resolve_model_path
+    from actorserve.runtime.model.weights.loader import checkpoint_dtype, read_arch_config
+    from actorserve.runtime.model_files import resolve_model_path
 
     model = save_tiny_model("llama", tmp_path / "m")
     assert checkpoint_dtype(str(model)) == "float32"

@@ -8,8 +8,8 @@ import tempfile
 
 import zmq.asyncio
 
-from actorserve.runtime.actors import addresses as addresses_module
-from actorserve.runtime.actors.addresses import Addresses, free_ports
+from actorserve.runtime.transport import addresses as addresses_module
+from actorserve.runtime.transport.addresses import Addresses, free_ports
 from actorserve.runtime.transport.channel import Channel
 
 
