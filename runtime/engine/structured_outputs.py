@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 from actorserve.runtime.budgeted_child import BudgetedChild, ChildDied, ChildOutOfMemory, ChildTimeout, JobFailed
 from actorserve.runtime.engine.sampling_params import StructuredOutputsParams
 
-if TYPE_CHECKING:  # torch loads where a grammar is used (the scheduler, the worker), not in the frontend
+if TYPE_CHECKING:  # torch loads only where a grammar is used: xgrammar fills its bitmasks into a tensor
     import torch
 
 log = logging.getLogger("actorserve")
@@ -334,13 +334,3 @@ class StructuredOutputManager:
         close = getattr(self._backend, "close", None)
         if close is not None:
             close()
-
-
-def bitmask_to_allowed(bitmask: bytes, vocab_size: int) -> "torch.Tensor":
-    """The bool masks [rows, vocab_size] of the tokens each of a chunk's bitmasks allows (the sampler's
-    side): one row a bitmask of (vocab_size + 31) // 32 words."""
-    import torch
-
-    words = torch.frombuffer(bytearray(bitmask), dtype=torch.int32).view(-1, (vocab_size + 31) // 32)
-    bits = (words.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
-    return bits.reshape(words.shape[0], -1)[:, :vocab_size].bool()

@@ -18,14 +18,14 @@ from actorserve.kernels.attention import AttentionMetadata, SequenceGroup
 from actorserve.kernels.attention.selector import AttentionNeeds
 from actorserve.kernels.attention.selector import select as select_attention
 from actorserve.runtime.transport.messages import ModelRunnerOutput, PromptLogprobs, ScheduledChunk, SchedulerOutput
-from actorserve.runtime.engine.structured_outputs import bitmask_to_allowed
 from actorserve.runtime.model.architectures.arch_config import ArchConfig
 from actorserve.runtime.model.execution.cuda_graphs import DecodeGraphs
 from actorserve.runtime.model.execution.decode_fast_path import DecodeFastPath
 from actorserve.runtime.model.architectures.decoder import CausalLM
 from actorserve.runtime.model.architectures.linear_attention import LinearLayerState, LinearStep
 from actorserve.runtime.model.sampling.rejection_sampler import verify
-from actorserve.runtime.model.sampling.sampler import Sampler, SamplingRow, noise_stream, rank_logprobs
+from actorserve.runtime.model.sampling.sampler import (Sampler, SamplingRow, bitmask_to_allowed, noise_stream,
+                                                       rank_logprobs)
 
 log = logging.getLogger("actorserve")
 

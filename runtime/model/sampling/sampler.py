@@ -289,3 +289,11 @@ def rank_logprobs(logprobs: torch.Tensor, chosen: torch.Tensor, top_n: int):
     else:
         top_ids, top_values = [[] for _ in range(len(chosen))], [[] for _ in range(len(chosen))]
     return values[:, 0].tolist(), ranks.tolist(), top_ids, top_values
+
+
+def bitmask_to_allowed(bitmask: bytes, vocab_size: int) -> torch.Tensor:
+    """The bool masks [rows, vocab_size] of the tokens each of a chunk's grammar bitmasks allows (the
+    scheduler's ``GrammarState.bitmask``): one row a bitmask of (vocab_size + 31) // 32 words."""
+    words = torch.frombuffer(bytearray(bitmask), dtype=torch.int32).view(-1, (vocab_size + 31) // 32)
+    bits = (words.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
+    return bits.reshape(words.shape[0], -1)[:, :vocab_size].bool()

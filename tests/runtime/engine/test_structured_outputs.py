@@ -7,7 +7,8 @@ import torch
 
 from actorserve.runtime.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from actorserve.runtime.engine.structured_outputs import (GrammarState, StructuredOutputManager,
-                                                          bitmask_to_allowed, validate_with_xgrammar)
+                                                          validate_with_xgrammar)
+from actorserve.runtime.model.sampling.sampler import bitmask_to_allowed
 from tests.runtime.engine.test_scheduler import expected, make_engine
 
 xgrammar = pytest.importorskip("xgrammar")
