@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from actorserve.kernels import capability
-from actorserve.runtime.config import EngineConfig
+from actorserve.runtime.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
 from actorserve.runtime.engine.core import EngineCore, ModelFacts
 from actorserve.runtime.model.execution.cuda_graphs import capture_sizes
 from actorserve.runtime.model.execution.draft_proposer import DraftModelProposer
@@ -28,38 +28,38 @@ from actorserve.runtime.model.memory.sleep_mode import SleepMode
 log = logging.getLogger("actorserve")
 
 
-def model_facts(loaded: LoadedModel, config: EngineConfig, num_blocks: int) -> ModelFacts:
+def model_facts(loaded: LoadedModel, model: ModelConfig, scheduler: SchedulerConfig, num_blocks: int) -> ModelFacts:
     tok = loaded.tokenizer
     eos = tok.eos_token_id if tok is not None and tok.eos_token_id is not None else loaded.cfg.eos_token_id
-    max_len = config.model.max_model_len or loaded.cfg.max_position_embeddings
+    max_len = model.max_model_len or loaded.cfg.max_position_embeddings
     # vocab_size is the embedding rows (load_weights checked the checkpoint against it).
-    spec = config.scheduler.speculative_config
+    spec = scheduler.speculative_config
     # (a draft model keeps its own keys on the same blocks, whatever window the target has)
     frees = loaded.cfg.all_layers_windowed and not (spec is not None and spec.method == "draft_model")
     return ModelFacts(vocab_size=loaded.cfg.vocab_size, eos_token_id=eos,
                       max_model_len=max_len, num_kv_blocks=num_blocks,
                       sliding_window=loaded.cfg.sliding_window if frees else None,
-                      num_state_slots=state_slots(loaded, config))
+                      num_state_slots=state_slots(loaded, scheduler))
 
 
-def state_slots(loaded: LoadedModel, config: EngineConfig) -> int:
+def state_slots(loaded: LoadedModel, scheduler: SchedulerConfig) -> int:
     """Recurrent-state slots for a hybrid model: one for each request that may run at once."""
-    return config.scheduler.max_num_seqs if loaded.cfg.linear_layers else 0
+    return scheduler.max_num_seqs if loaded.cfg.linear_layers else 0
 
 
-def num_kv_blocks(loaded: LoadedModel, config: EngineConfig, per_block: int, reserved: int = 0) -> int:
+def num_kv_blocks(loaded: LoadedModel, cache: CacheConfig, scheduler: SchedulerConfig, max_len: int,
+                  per_block: int, reserved: int = 0) -> int:
     """Blocks of ``per_block`` bytes in the KV budget, less ``reserved`` (a hybrid model's state slots)."""
-    budget, source = config.cache.kv_cache_budget()
+    budget, source = cache.kv_cache_budget()
     if reserved:
         if reserved >= budget:
-            raise ValueError(f"the recurrent states of {config.scheduler.max_num_seqs} sequences take "
+            raise ValueError(f"the recurrent states of {scheduler.max_num_seqs} sequences take "
                              f"{reserved / 2**20:.1f} MiB, the whole KV cache budget ({budget / 2**20:.1f} MiB): "
                              f"lower max_num_seqs or raise kv_cache_memory")
         log.info("recurrent-state slots take %.1f MiB of the KV cache budget", reserved / 2**20)
         budget -= reserved
-    max_len = config.model.max_model_len or loaded.cfg.max_position_embeddings
     # More than every sequence at full length can never be used.
-    useful = config.scheduler.max_num_seqs * -(-max_len // config.cache.block_size)
+    useful = scheduler.max_num_seqs * -(-max_len // cache.block_size)
     # (a model without softmax-attention layers keeps no keys: its blocks are bookkeeping and cost nothing)
     blocks = max(0, min(budget // per_block, useful)) if per_block else useful
     log.info("KV cache budget %.2f GiB (%s)%s", budget / 2**30, source,
@@ -98,13 +98,15 @@ def load_worker(config: EngineConfig, with_tokenizer: bool, pp_rank: int = 0,
     log.info("weights loaded in %.2f s: %.1f M parameters in %s%s, resident memory +%.1f MiB", loaded_at - started,
              loaded.model.num_parameters() / 1e6, str(loaded.model.dtype).removeprefix("torch."),
              f", {m.quantization}" if m.quantization else "", (_resident_bytes() - resident) / 2**20)
-    draft = _load_draft(config, loaded)
-    kv_dtype = kv_cache_dtype(config, loaded.model.dtype)  # (the draft model's too: it runs in the same dtype)
+    spec = config.scheduler.speculative_config
+    draft = _load_draft(spec, loaded, max_len, device)
+    kv_dtype = kv_cache_dtype(config.cache, loaded.model.dtype)  # (the draft model's too: the same dtype)
     per_block = kv_bytes_per_block(loaded.cfg, config.cache.block_size, kv_dtype)
     if draft is not None:  # its cache has as many blocks, addressed by the same block tables
         per_block += kv_bytes_per_block(draft.cfg, config.cache.block_size, kv_dtype)
-    slots = state_slots(loaded, config)
-    blocks = num_kv_blocks(loaded, config, per_block, slots * len(loaded.cfg.linear_layers)
+    slots = state_slots(loaded, config.scheduler)
+    blocks = num_kv_blocks(loaded, config.cache, config.scheduler, max_len or loaded.cfg.max_position_embeddings,
+                           per_block, slots * len(loaded.cfg.linear_layers)
                            * LinearLayerState.bytes_per_slot(loaded.cfg, loaded.model.dtype))
     drafter = None
     if draft is not None:
@@ -122,34 +124,33 @@ def load_worker(config: EngineConfig, with_tokenizer: bool, pp_rank: int = 0,
     if config.runtime.enable_sleep_mode:
         def reload() -> list:
             target = load(True)
-            return [target.model] + ([_load_draft(config, target).model] if draft is not None else [])
+            return [target.model] + ([_load_draft(spec, target, max_len, device).model] if draft is not None else [])
 
         runner.sleep_mode = SleepMode(runner, reload)
     log.info("%s; decode fast path: %s", paths.describe(), "on" if runner.fast_decode is not None else "off")
     log.info("KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB, %s), allocated in %.2f s",
              blocks, config.cache.block_size, blocks * config.cache.block_size,
              blocks * per_block / 2**20, str(kv_dtype).removeprefix("torch."), time.perf_counter() - loaded_at)
-    return runner, model_facts(loaded, config, blocks), loaded
+    return runner, model_facts(loaded, config.model, config.scheduler, blocks), loaded
 
 
-def kv_cache_dtype(config: EngineConfig, model_dtype: torch.dtype) -> torch.dtype:
+def kv_cache_dtype(cache: CacheConfig, model_dtype: torch.dtype) -> torch.dtype:
     """What a model of ``model_dtype`` keeps its K and V in under ``--kv-cache-dtype``."""
-    name = config.cache.kv_cache_dtype
-    return model_dtype if name == "auto" else getattr(torch, name)
+    return model_dtype if cache.kv_cache_dtype == "auto" else getattr(torch, cache.kv_cache_dtype)
 
 
-def _load_draft(config: EngineConfig, target: LoadedModel) -> Optional[LoadedModel]:
-    """The draft model of speculative decoding's draft_model method, in the target's dtype; ValueError
-    where it cannot draft for this target."""
-    spec = config.scheduler.speculative_config
+def _load_draft(spec: Optional[SpeculativeConfig], target: LoadedModel, max_model_len: Optional[int],
+                device: str) -> Optional[LoadedModel]:
+    """The draft model of speculative decoding's draft_model method, in the target's dtype, on the target's
+    device; ValueError where it cannot draft for this target."""
     if spec is None or spec.method != "draft_model":
         return None
     draft = load_model(spec.model, str(target.model.dtype).removeprefix("torch."), skip_tokenizer=True,
-                       quantization=spec.quantization, device=config.device.torch_device(0))
+                       quantization=spec.quantization, device=device)
     if draft.cfg.vocab_size != target.cfg.vocab_size:
         raise ValueError(f"the draft model {spec.model} has a vocabulary of {draft.cfg.vocab_size} tokens, the "
                          f"target {target.cfg.vocab_size}: a draft model must share the target's tokenizer")
-    max_len = config.model.max_model_len or target.cfg.max_position_embeddings
+    max_len = max_model_len or target.cfg.max_position_embeddings
     if draft.cfg.max_position_embeddings < max_len:
         raise ValueError(f"the draft model {spec.model} takes {draft.cfg.max_position_embeddings} positions, "
                          f"fewer than max_model_len {max_len}: lower --max-model-len")
