@@ -20,11 +20,11 @@ from typing import Optional, Protocol, Union
 
 from actorserve.runtime.config import EngineConfig
 from actorserve.runtime.engine.beam_search import BeamSearch, BeamSearchParams
-from actorserve.runtime.transport.messages import ModelRunnerOutput, PromptLogprobs, SchedulerOutput, TokenLogprobs
+from actorserve.runtime.transport.messages import ModelRunnerOutput, PromptLogprobs, SchedulerOutput
 from actorserve.runtime.text.detokenizer import IncrementalDetokenizer
 from actorserve.runtime.engine.kv_cache_manager import KVCacheManager
 from actorserve.runtime.engine.outputs import (CompletionOutput, Logprob, RequestMetrics, RequestOutput, RequestUpdate,
-                                               SampleDelta, logprob_entries)
+                                               SampleDelta, logprob_entries, ranked)
 from actorserve.runtime.engine.request import Request, RequestStatus
 from actorserve.runtime.engine.sampling_params import RequestLimits, SamplingParams, truncate_prompt, verify_request
 from actorserve.runtime.engine.scheduler import Scheduler
@@ -380,12 +380,12 @@ class EngineCore:
             updates.append(RequestUpdate(group.output, [s.take_update() for s in seqs]))
         return updates
 
-    def _append(self, seq: _Sequence, token: int, logprobs: Optional[TokenLogprobs]) -> None:
+    def _append(self, seq: _Sequence, token: int, logprobs: Optional[list[Logprob]]) -> None:
         out, request = seq.output, seq.request
         out.token_ids.append(token)
         if logprobs is not None and out.logprobs is not None:
-            out.logprobs.append(self._logprob_entry(token, logprobs))
-            out.cumulative_logprob += logprobs.logprob
+            out.logprobs.append(self._logprob_entry(logprobs))
+            out.cumulative_logprob += logprobs[0].logprob
         n_out = len(request.output_token_ids)
         stop_string = None
         if seq.detok is not None:
@@ -413,14 +413,14 @@ class EngineCore:
             return RequestStatus.FINISHED_LENGTH, None
         return None
 
-    def _logprob_entry(self, token: int, lp: TokenLogprobs) -> dict[int, Logprob]:
-        return self._entry(token, lp.logprob, lp.rank, lp.top_token_ids, lp.top_logprobs)
-
-    def _entry(self, token: int, logprob: float, rank: int, top_ids: list[int], top_values: list[float]):
-        """The chosen token first, then the top-N (as vLLM orders them)."""
-        entry = {token: Logprob(token, logprob, rank, self._decode_one(token))}
-        for r, (tid, value) in enumerate(zip(top_ids, top_values), start=1):
-            entry.setdefault(tid, Logprob(tid, value, r, self._decode_one(tid)))
+    def _logprob_entry(self, ranked_entries: list[Logprob]) -> dict[int, Logprob]:
+        """A position's entries by token id, the chosen token first, then the top-N (as vLLM orders them),
+        each with its text."""
+        entry: dict[int, Logprob] = {}
+        for lp in ranked_entries:
+            if lp.token_id not in entry:
+                lp.decoded_token = self._decode_one(lp.token_id)
+                entry[lp.token_id] = lp
         return entry
 
     def _fill_prompt_logprobs(self, output: RequestOutput, lp: PromptLogprobs) -> None:
@@ -429,7 +429,8 @@ class EngineCore:
         for i, (value, rank, top_ids, top_values) in enumerate(zip(lp.logprobs, lp.ranks, lp.top_token_ids,
                                                                    lp.top_logprobs)):
             position = lp.start + i
-            output.prompt_logprobs[position] = self._entry(ids[position], value, rank, top_ids, top_values)
+            output.prompt_logprobs[position] = self._logprob_entry(ranked(ids[position], value, rank, top_ids,
+                                                                          top_values))
 
     def _decode_one(self, token: int) -> Optional[str]:
         return None if self.tokenizer is None else self.tokenizer.decode([token])

@@ -77,6 +77,12 @@ class RequestUpdate:
     samples: list[SampleDelta]
 
 
+def ranked(token: int, logprob: float, rank: int, top_ids: list[int], top_values: list[float]) -> list[Logprob]:
+    """One position's entries as the sampler ranks them: the chosen token first (its rank among the whole
+    vocabulary), then the top-N, ranks 1 to N; their text is the engine's to fill in."""
+    return [Logprob(token, logprob, rank)] + [Logprob(t, v, r) for r, (t, v) in enumerate(zip(top_ids, top_values), 1)]
+
+
 def logprob_entries(entries: Optional[list[Optional[dict[int, Logprob]]]]) -> Optional[list[Optional[list[Logprob]]]]:
     """Positions' entries as a stream sends them (None stays None: a prompt's first token has none)."""
     if entries is None:

@@ -169,15 +169,6 @@ class SchedulerOutput(msgspec.Struct, frozen=True):
         return sum(len(c.token_ids) for c in self.chunks)
 
 
-class TokenLogprobs(msgspec.Struct, frozen=True):
-    """The sampled token's logprob and rank, and the top-N alternatives, from the raw logits."""
-
-    logprob: float
-    rank: int
-    top_token_ids: list[int]
-    top_logprobs: list[float]
-
-
 class PromptLogprobs(msgspec.Struct, frozen=True):
     """Logprobs of the prompt tokens at positions ``start``, ``start + 1``, ...: what one chunk's rows
     predicted for the tokens that follow them (a chunk never covers position 0, which has none)."""
@@ -191,11 +182,12 @@ class PromptLogprobs(msgspec.Struct, frozen=True):
 
 class ModelRunnerOutput(msgspec.Struct, frozen=True):
     """Each sampled request's new tokens: the drafts it kept, then one of the model's own (one token
-    without drafts); and their logprobs, for the requests that asked."""
+    without drafts); and their logprobs, for the requests that asked: a token's entries, the sampled
+    token first, then the top-N (``outputs.ranked``)."""
 
     step: int
     sampled: dict[str, list[int]]
-    logprobs: dict[str, list[TokenLogprobs]]
+    logprobs: dict[str, list[list[Logprob]]]
     prompt_logprobs: dict[str, PromptLogprobs] = {}
 
 

@@ -25,14 +25,14 @@ from typing import Optional
 
 import torch
 
-from actorserve.runtime.transport.messages import TokenLogprobs
+from actorserve.runtime.engine.outputs import Logprob
 from actorserve.runtime.model.sampling.sampler import Sampler, SamplingRow
 
 
 def verify(sampler: Sampler, logits: torch.Tensor, rows: list[SamplingRow], drafts: list[list[int]],
            masks: Optional[list[Optional[torch.Tensor]]] = None,
            draft_probs: Optional[list[Optional[torch.Tensor]]] = None,
-           ) -> tuple[list[list[int]], list[list[Optional[TokenLogprobs]]]]:
+           ) -> tuple[list[list[int]], list[list[Optional[list[Logprob]]]]]:
     """``logits`` holds, request by request, the ``len(drafts[i]) + 1`` rows of request i; ``masks[i]``,
     where given, the bool masks [rows, vocab] of what request i's grammar allows at each of them;
     ``draft_probs[i]``, where given, the distributions [drafts, vocab] request i's drafts were drawn from

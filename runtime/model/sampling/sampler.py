@@ -18,7 +18,7 @@ import torch
 from actorserve.kernels import triton as triton_kernels
 from actorserve.kernels.elementwise import argmax
 from actorserve.runtime.engine.sampling_params import SamplingParams
-from actorserve.runtime.transport.messages import TokenLogprobs
+from actorserve.runtime.engine.outputs import Logprob, ranked
 
 
 @dataclass
@@ -92,7 +92,7 @@ class Sampler:
         return int((probs / noise).argmax())
 
     @staticmethod
-    def logprobs_of(state, rows: list[int], tokens: list[int]) -> list[Optional[TokenLogprobs]]:
+    def logprobs_of(state, rows: list[int], tokens: list[int]) -> list[Optional[list[Logprob]]]:
         """The logprobs of ``tokens[i]`` at row ``rows[i]`` of a ``distributions`` call."""
         if state is None:
             return [None] * len(tokens)
@@ -263,18 +263,17 @@ def _top_logprobs(logits: torch.Tensor, rows: list[SamplingRow]):
     return logits.log_softmax(dim=-1), wanted
 
 
-def _finish_logprobs(state, tokens: list[int]) -> list[Optional[TokenLogprobs]]:
+def _finish_logprobs(state, tokens: list[int]) -> list[Optional[list[Logprob]]]:
     if state is None:
         return [None] * len(tokens)
     logprobs, wanted = state
-    out: list[Optional[TokenLogprobs]] = [None] * len(tokens)
+    out: list[Optional[list[Logprob]]] = [None] * len(tokens)
     for n in {n for n in wanted if n is not None}:
         rows = [i for i, w in enumerate(wanted) if w == n]
         chosen = torch.tensor([tokens[i] for i in rows], dtype=torch.long, device=logprobs.device)
         values, ranks, top_ids, top_values = rank_logprobs(logprobs[rows], chosen, n)
         for j, i in enumerate(rows):
-            out[i] = TokenLogprobs(logprob=values[j], rank=ranks[j], top_token_ids=top_ids[j],
-                                   top_logprobs=top_values[j])
+            out[i] = ranked(tokens[i], values[j], ranks[j], top_ids[j], top_values[j])
     return out
 
 

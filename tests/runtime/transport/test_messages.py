@@ -12,7 +12,7 @@ from actorserve.runtime.engine.sampling_params import SamplingParams
 from actorserve.runtime.transport import messages as m
 from actorserve.runtime.transport.codec import Codec, ProtocolError, RefusedValue
 from actorserve.runtime.transport.messages import (ModelRunnerOutput, NewRequest, PromptLogprobs, ScheduledChunk,
-                                                   SchedulerOutput, TokenLogprobs)
+                                                   SchedulerOutput)
 
 PARAMS = SamplingParams(temperature=0.7, top_p=0.9, top_k=5, seed=3, frequency_penalty=0.1, repetition_penalty=1.1,
                         logit_bias={3: 1.5}, min_tokens=2, stop_token_ids=[7], logprobs=4, stop=["\n"],
@@ -39,7 +39,7 @@ EXAMPLES = [
                                    [ScheduledChunk("a", [1, 2], 0, [3], True),
                                     ScheduledChunk("b", [5, 6, 7], 9, [4], True, num_draft=2)], ["old"])),
     m.StepResult(ModelRunnerOutput(4, {"a": [9], "b": [6, 8]},
-                                   {"a": [TokenLogprobs(-0.5, 2, [1, 9], [-0.1, -0.5])]})),
+                                   {"a": [[Logprob(9, -0.5, 2), Logprob(1, -0.1, 1), Logprob(9, -0.5, 2)]]})),
     m.StepResult(ModelRunnerOutput(5, {}, {}, {"a": PromptLogprobs(1, [-2.0], [4], [[7]], [[-0.5]])})),
     m.WorkerReady(0, 49152, 2, 8192, 100),
     m.Shutdown("test"),

@@ -101,4 +101,4 @@ def test_logprobs_come_from_each_tokens_own_row():
     tokens, logprobs = verify(Sampler(), logits, [r], [draft])
     assert tokens[0] == draft + [int(logits[2].argmax())]
     for j, (token, lp) in enumerate(zip(tokens[0], logprobs[0])):
-        assert lp.logprob == pytest.approx(float(logits[j].log_softmax(-1)[token]), abs=1e-6) and lp.rank == 1
+        assert lp[0].logprob == pytest.approx(float(logits[j].log_softmax(-1)[token]), abs=1e-6) and lp[0].rank == 1

@@ -127,11 +127,11 @@ def test_logprobs_are_raw_and_ranked():
     s = spec(temperature=0.0, logprobs=3, logit_bias={5: 50.0})
     tokens, lps = Sampler()(LOGITS[None], [SamplingRow(s, None, [], [])])
     raw = LOGITS.log_softmax(-1)
-    lp = lps[0]
-    assert tokens == [5] and lp.rank == 6
-    assert math.isclose(lp.logprob, float(raw[5]), rel_tol=1e-6)
-    assert lp.top_token_ids == [0, 1, 2]
-    assert lp.top_logprobs == pytest.approx(raw[:3].tolist())
+    chosen, *top = lps[0]
+    assert tokens == [5] and (chosen.token_id, chosen.rank) == (5, 6)
+    assert math.isclose(chosen.logprob, float(raw[5]), rel_tol=1e-6)
+    assert [e.token_id for e in top] == [0, 1, 2] and [e.rank for e in top] == [1, 2, 3]
+    assert [e.logprob for e in top] == pytest.approx(raw[:3].tolist())
 
 
 def test_allowed_token_ids_limit_the_draw_but_not_the_logprobs():
@@ -141,7 +141,7 @@ def test_allowed_token_ids_limit_the_draw_but_not_the_logprobs():
     row = SamplingRow(spec(temperature=0.0, allowed_token_ids=[3, 6], logprobs=1), None, [], [])
     tokens, logprobs = Sampler(0)(LOGITS[None, :], [row])
     assert tokens == [3]
-    assert logprobs[0].top_token_ids == [0]  # from the raw logits, as vLLM's default logprobs
+    assert [e.token_id for e in logprobs[0][1:]] == [0]  # from the raw logits, as vLLM's default logprobs
 
 
 def test_bad_words_ban_the_token_that_would_complete_them():
