@@ -61,7 +61,7 @@ def steps(python: str, out_dir: Path) -> list[Step]:
             "--ignore", "tests/runtime/model/architectures/test_decoder_vs_transformers.py",
             "--ignore", "tests/runtime/model/execution/test_cuda_graphs.py", "; a=$?;",
             # (the compile check needs no GPU: make test runs it)
-            *pytest, "tests/kernels/triton", "--ignore", "tests/kernels/triton/test_compiled_for_gpus.py",
+            *pytest, "-m", "triton", "tests/kernels", "--ignore", "tests/kernels/test_compiled_for_gpus.py",
             "; exit $((a | $?))"])], 120, compiled),
         Step("families", [*pytest, "-m", "cuda", "tests/runtime/model/architectures/test_decoder_vs_transformers.py"],
              60, compiled),

@@ -1,7 +1,7 @@
 """scripts/gpu_check.sh on a machine without a GPU: it says so, checks nothing, and exits 2. And what it
 would run on one (its dry run): every step under its own limit, within 8 minutes together, in the order
 install, CUDA tests, families against transformers, CUDA graphs, the decode benchmark; every step that runs
-a kernel runs triton compiled, never its interpreter (tests/kernels/triton/conftest.py turns the interpreter
+a kernel runs triton compiled, never its interpreter (tests/kernels/conftest.py turns the interpreter
 on for the whole process unless ACTORSERVE_TRITON_COMPILED is set)."""
 import json
 import shutil
@@ -33,7 +33,7 @@ def test_the_steps_run_triton_compiled_in_order_within_eight_minutes(tmp_path):
     for step in steps[1:]:
         assert step["env"].get("ACTORSERVE_TRITON_COMPILED") == "1", step["name"]
     commands = {s["name"]: " ".join(s["command"]) for s in steps}
-    assert "-m cuda tests" in commands["cuda-tests"] and "tests/kernels/triton" in commands["cuda-tests"]
+    assert "-m cuda tests" in commands["cuda-tests"] and "-m triton tests/kernels" in commands["cuda-tests"]
     assert "test_decoder_vs_transformers.py" in commands["families"]
     assert "bench/gpu_decode.py" in commands["decode-bench"] and str(tmp_path / "gpu_decode.json") in \
         commands["decode-bench"]

@@ -155,8 +155,8 @@ BACKENDS: dict[str, BackendEntry] = {b.name: b for b in (
                  ("float16", "bfloat16"), lambda d: d in (64, 128, 256), lambda b: b in (16, 32, 64),
                  # (its CUDA-graph wrappers, with fixed index buffers, are not wired yet)
                  sliding_window=True, capturable=False, available=_flashinfer),
-    BackendEntry("triton", "actorserve.kernels.triton.unified_attention:TritonAttentionBackend", ("cuda", "cpu"),
-                 _FLOATS, lambda d: 0 < d <= 256, _power_of_two, sliding_window=True, capturable=True,
+    BackendEntry("triton", "actorserve.kernels.attention.unified_attention_triton:TritonAttentionBackend",
+                 ("cuda", "cpu"), _FLOATS, lambda d: 0 < d <= 256, _power_of_two, sliding_window=True, capturable=True,
                  available=_triton, narrower_kv=_FP32_OVER_BF16),
     BackendEntry("cpu_c", "actorserve.kernels.attention.cpu_decode:CpuDecodeBackend", ("cpu",),
                  ("bfloat16", "float32"), lambda d: d % 32 == 0 and d <= 256, lambda b: b > 0,

@@ -1,6 +1,6 @@
 """The row operations of a decoder layer (RMSNorm, residual add + RMSNorm, SiLU-and-multiply, rotary) and
 the greedy sampler's row argmax: a C path for bf16 and fp32 rows on CPUs with AVX2 or AVX-512 BF16
-(``cpu_rows``), triton kernels for rows on a GPU (``kernels.triton.rows``, where triton is installed),
+(``cpu_rows``), triton kernels for rows on a GPU (``kernels.elementwise.rows_triton``, where triton is installed),
 and torch references, which are also the path for everything else. In bf16
 the C path rounds where torch's sequence rounds, so it is torch's to the bit; in fp32 only the order of a
 norm's sum of squares and the last bit of exp differ from torch's."""
@@ -9,13 +9,13 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from actorserve.kernels import triton as triton_kernels
+from actorserve.kernels import triton_route
 from actorserve.kernels.elementwise import cpu_rows
 
 
 def _on_triton(x: torch.Tensor):
     """The triton row kernels for a tensor on a GPU, where triton is installed; else None."""
-    return triton_kernels.for_tensor(x, "rows")
+    return triton_route.for_tensor(x, f"{__name__}.rows_triton")
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -18,10 +18,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from actorserve.kernels import triton as kernels_triton
+from actorserve.kernels import triton_route
 from actorserve.kernels.linear_attention import causal_conv, gated_delta
 from actorserve.runtime.model.architectures.arch_config import ArchConfig
 from actorserve.runtime.model.architectures.layers import Linear
+
+GATED_DELTA_TRITON = "actorserve.kernels.linear_attention.gated_delta_triton"  # a GPU's form
 
 
 def conv_channels(cfg: ArchConfig) -> int:
@@ -143,12 +145,12 @@ class GatedDeltaNet(nn.Module):
         beta = torch.sigmoid(b.float())
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
         core = torch.empty(t, self.hv, self.dv, dtype=torch.float32, device=x.device)
-        if nd:  # one launch on a GPU (kernels.triton.gated_delta), the torch step elsewhere
-            kernel = kernels_triton.for_tensor(x, "gated_delta") or gated_delta
+        if nd:  # one launch on a GPU (kernels.linear_attention.gated_delta_triton), the torch step elsewhere
+            kernel = triton_route.for_tensor(x, GATED_DELTA_TRITON) or gated_delta
             core[:nd] = kernel.recurrent_step(q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], state.recurrent,
                                               step.decode_slots)
         if t > nd:  # the prefill chunks: one triton launch on a GPU, the chunked form elsewhere
-            gpu = kernels_triton.for_tensor(x, "gated_delta")
+            gpu = triton_route.for_tensor(x, GATED_DELTA_TRITON)
             varlen = gpu.recurrent_varlen if gpu is not None else gated_delta.chunked_varlen
             core[nd:] = varlen(q[nd:], k[nd:], v[nd:], g[nd:], beta[nd:], offsets, state.recurrent,
                                step.prefill_slots, step.prefill_fresh)

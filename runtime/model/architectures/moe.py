@@ -22,9 +22,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from actorserve.kernels import triton as kernels_triton
+from actorserve.kernels import triton_route
 from actorserve.kernels.elementwise import silu_mul
 from actorserve.kernels.gemm import skinny
+
+FUSED_MOE_TRITON = "actorserve.kernels.moe.fused_moe_triton"  # a GPU's fused kernel
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,7 @@ class SparseMoE(nn.Module):
         shape = x.shape
         x = x.reshape(-1, self.hidden)
         experts, weights = self.route(x)
-        fused = kernels_triton.for_tensor(x, "fused_moe")  # a GPU's fused kernel (None: the path below)
+        fused = triton_route.for_tensor(x, FUSED_MOE_TRITON)  # a GPU's fused kernel (None: the path below)
         if fused is not None:
             out = fused.fused_moe(x, self.experts_gate_up.view(self.num_experts, 2 * self.inter, self.hidden),
                                   self.experts_down.view(self.num_experts, self.hidden, self.inter), experts, weights)

@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from actorserve.kernels import triton as triton_kernels
+from actorserve.kernels import triton_route
 from actorserve.kernels.elementwise import argmax
 from actorserve.runtime.engine.sampling_params import SamplingParams
 from actorserve.runtime.engine.outputs import Logprob, ranked
@@ -123,7 +123,7 @@ class Sampler:
 
 def _triton_sampling(logits: torch.Tensor):
     """The triton sampling kernel for logits on a GPU, where triton is installed; else None."""
-    return triton_kernels.for_tensor(logits, "sampling")
+    return triton_route.for_tensor(logits, "actorserve.kernels.sampling.top_k_top_p_triton")
 
 
 def _processed(logits: torch.Tensor, rows: list[SamplingRow]):

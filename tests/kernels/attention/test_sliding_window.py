@@ -2,7 +2,7 @@
 attention with the window's mask (as transformers builds it: a key k is seen from position p where
 p - window < k <= p), then the C kernel and the triton kernel (in its interpreter) against the torch
 backend, on one step that mixes decodes, a fresh prompt and a chunk continuing a cached prefix (the triton
-kernel's test, tests/kernels/triton/test_sliding_window_triton.py, shares this one's cases). The C and
+kernel's test, tests/kernels/attention/test_sliding_window_triton.py, shares this one's cases). The C and
 triton kernels never read a block that lies wholly before a row's window, so blocks the KV manager has
 freed there may hold anything: filled with NaN here, their rows stay finite and equal."""
 import math

@@ -2,7 +2,7 @@
 token and layer, one tensor read as both K and V (what per-head keys and values would take is several times
 that); the interleaved rotary gives transformers' complex products. Its logits against transformers' are in
 test_decoder_vs_transformers.py, its decode through the capturable backend's static plan in
-tests/kernels/triton/test_mla_triton.py."""
+tests/kernels/attention/test_mla_triton.py."""
 import torch
 
 from actorserve.runtime.model.weights.hf_weights import read_config

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from actorserve.kernels.attention.interface import AttentionMetadata, SequenceGroup
-from actorserve.kernels.triton.rotary_kv import rotary_and_write_kv
+from actorserve.kernels.elementwise.rotary_kv_triton import rotary_and_write_kv
 
 
 @triton.jit
@@ -69,7 +69,7 @@ def _unified_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tables_p
 
 # The most fp32 products of a tile a program holds at once ([query heads of a group, keys, head dim]): past
 # it ptxas spills (block size 64, 8 query heads a KV head and D 128 spilled 33 KB a thread). The compile
-# check (tests/kernels/triton/test_compiled_for_gpus.py) holds every model shape it takes free of spills.
+# check (tests/kernels/test_compiled_for_gpus.py) holds every model shape it takes free of spills.
 TILE_ELEMENTS = 2048
 
 

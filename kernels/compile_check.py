@@ -5,8 +5,8 @@ triton compiles for an explicit ``GPUTarget`` without a driver; the host wrapper
 driver is active. ``StandInDriver`` is that driver: it names the target, gives CPU tensors' addresses to
 triton's specialisation (alignment, divisibility), and loads and launches nothing. Each compiled kernel's
 PTX then goes through ptxas (the one triton ships) for its register count and spills, which a GPU's
-driver would report at load. ``python -m actorserve.kernels.triton.compile_check`` prints the table and
-exits 1 where a kernel is over ``REGISTER_BUDGET`` or spills; tests/kernels/triton/test_compiled_for_gpus.py
+driver would report at load. ``python -m actorserve.kernels.compile_check`` prints the table and
+exits 1 where a kernel is over ``REGISTER_BUDGET`` or spills; tests/kernels/test_compiled_for_gpus.py
 runs it.
 
 TRITON_INTERPRET must be off before any kernel module is imported (triton decides at ``@triton.jit``), so
@@ -154,7 +154,12 @@ def _calls(shape: ModelShape, dtype) -> Iterator[tuple[str, Callable[[], object]
     """Each host wrapper called as the model's forward pass calls it, on empty CPU tensors (nothing is run)."""
     import torch
 
-    from actorserve.kernels.triton import fused_moe, gated_delta, rotary_kv, rows, sampling, unified_attention
+    from actorserve.kernels.moe import fused_moe_triton as fused_moe
+    from actorserve.kernels.linear_attention import gated_delta_triton as gated_delta
+    from actorserve.kernels.elementwise import rotary_kv_triton as rotary_kv
+    from actorserve.kernels.elementwise import rows_triton as rows
+    from actorserve.kernels.sampling import top_k_top_p_triton as sampling
+    from actorserve.kernels.attention import unified_attention_triton as unified_attention
 
     t = 4  # tokens of a step: runtime sizes are arguments, only their divisibility by 16 specialises
     e = lambda *size, dt=dtype: torch.empty(*size, dtype=dt)  # noqa: E731
@@ -194,7 +199,12 @@ def _calls(shape: ModelShape, dtype) -> Iterator[tuple[str, Callable[[], object]
 def _jit_functions() -> list:
     from triton.runtime.jit import JITFunction
 
-    from actorserve.kernels.triton import fused_moe, gated_delta, rotary_kv, rows, sampling, unified_attention
+    from actorserve.kernels.moe import fused_moe_triton as fused_moe
+    from actorserve.kernels.linear_attention import gated_delta_triton as gated_delta
+    from actorserve.kernels.elementwise import rotary_kv_triton as rotary_kv
+    from actorserve.kernels.elementwise import rows_triton as rows
+    from actorserve.kernels.sampling import top_k_top_p_triton as sampling
+    from actorserve.kernels.attention import unified_attention_triton as unified_attention
 
     found = []
     for module in (fused_moe, gated_delta, rotary_kv, rows, sampling, unified_attention):

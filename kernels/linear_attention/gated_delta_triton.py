@@ -16,7 +16,7 @@ import triton.language as tl
 
 # The most state elements a program holds in registers (fp32, [Dk, a slice of Dv]): a whole [128, 128] head
 # took ptxas to 255 registers a thread; each value column's update reads only its own column, so a head's
-# columns are split over programs (tests/kernels/triton/test_compiled_for_gpus.py holds the budget).
+# columns are split over programs (tests/kernels/test_compiled_for_gpus.py holds the budget).
 STATE_ELEMENTS = 2048
 
 

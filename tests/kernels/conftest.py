@@ -1,13 +1,12 @@
-"""The triton kernels run on CPU tensors in triton's interpreter here (a GPU runs them compiled): the
-switch must be on before any kernel module is imported, since triton reads it at ``@triton.jit``."""
+"""The kernels' triton forms (the ``*_triton`` modules, their tests marked ``triton``) run on CPU tensors in
+triton's interpreter here (a GPU runs them compiled): the switch must be on before any kernel module is
+imported, since triton reads it at ``@triton.jit``."""
 import os
 
 import pytest
 
 if not os.environ.get("ACTORSERVE_TRITON_COMPILED"):  # (set on a GPU machine to test the compiled kernels)
     os.environ["TRITON_INTERPRET"] = "1"
-
-pytest.importorskip("triton")
 
 
 @pytest.fixture

@@ -2,8 +2,11 @@
 import pytest
 import torch
 
-from actorserve.kernels.triton.sampling import top_k_top_p_sample
-from actorserve.runtime.model.sampling.sampler import top_k_top_p_mask
+pytest.importorskip("triton")
+pytestmark = pytest.mark.triton  # a triton form: make test-isa leaves these to the first pass
+
+from actorserve.kernels.sampling.top_k_top_p_triton import top_k_top_p_sample  # noqa: E402
+from actorserve.runtime.model.sampling.sampler import top_k_top_p_mask  # noqa: E402
 
 
 def test_top_k_top_p_sampling_matches_the_sampler(device):
@@ -24,7 +27,7 @@ def test_top_k_top_p_sampling_matches_the_sampler(device):
 def test_the_sampler_takes_the_kernel_on_a_gpu(monkeypatch, device):
     """On a GPU the sampler's sampled rows go to this kernel, on the same noise: here the route is opened
     for CPU tensors too, and seeded rows give the torch path's tokens."""
-    from actorserve.kernels.triton import sampling
+    from actorserve.kernels.sampling import top_k_top_p_triton as sampling
     from actorserve.runtime.engine.sampling_params import SamplingParams
     from actorserve.runtime.model.sampling import sampler as sampler_module
     from actorserve.runtime.model.sampling.sampler import Sampler, SamplingRow, noise_stream

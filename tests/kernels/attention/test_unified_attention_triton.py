@@ -4,10 +4,13 @@ Llama end to end through the triton backend, its logits against the torch backen
 import pytest
 import torch
 
-from actorserve.kernels.attention import AttentionMetadata, TorchRefBackend
-from actorserve.kernels.triton import unified_attention as unified_attention_module
-from actorserve.kernels.triton.unified_attention import TritonAttentionBackend
-from tests.kernels.attention.groups import sequence_group, slot_mapping
+pytest.importorskip("triton")
+pytestmark = pytest.mark.triton  # a triton form: make test-isa leaves these to the first pass
+
+from actorserve.kernels.attention import AttentionMetadata, TorchRefBackend  # noqa: E402
+from actorserve.kernels.attention import unified_attention_triton as unified_attention_module  # noqa: E402
+from actorserve.kernels.attention.unified_attention_triton import TritonAttentionBackend  # noqa: E402
+from tests.kernels.attention.groups import sequence_group, slot_mapping  # noqa: E402
 
 
 @pytest.mark.parametrize("tile_elements", [None, 512, 1])  # whole pages; two keys a tile; one (a tile past pos)

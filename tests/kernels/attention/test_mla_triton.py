@@ -2,15 +2,18 @@
 backend's, and a decode step run over the static plan a CUDA graph captures (the step's plan copied into
 static buffers, padded to the captured size) gives the eager step's logits: the latent attention needs
 no metadata of its own, so graph capture covers its decodes whole."""
+import pytest
 import torch
 
-from actorserve.runtime.engine.sampling_params import SamplingParams
+pytest.importorskip("triton")
+pytestmark = pytest.mark.triton  # a triton form: make test-isa leaves these to the first pass
 
-from actorserve.runtime.transport.messages import NewRequest, ScheduledChunk, SchedulerOutput
-from actorserve.runtime.model.weights.loader import load_model
-from actorserve.runtime.model.execution.runner import ModelRunner
-from tests.conftest import save_tiny_model
-from tests.runtime.model.architectures.test_mla import SHAPE
+from actorserve.runtime.engine.sampling_params import SamplingParams  # noqa: E402
+from actorserve.runtime.transport.messages import NewRequest, ScheduledChunk, SchedulerOutput  # noqa: E402
+from actorserve.runtime.model.weights.loader import load_model  # noqa: E402
+from actorserve.runtime.model.execution.runner import ModelRunner  # noqa: E402
+from tests.conftest import save_tiny_model  # noqa: E402
+from tests.runtime.model.architectures.test_mla import SHAPE  # noqa: E402
 
 SPEC = SamplingParams(temperature=0.0)
 
