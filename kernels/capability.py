@@ -52,7 +52,6 @@ from actorserve.runtime.config import ISAS, CpuPaths, DeviceConfig, env_cpu_isa,
 log = logging.getLogger("actorserve")
 
 
-
 @dataclass(frozen=True)
 class CpuFeatures:
     """The instruction-set facts the gates read, after the override has masked them."""

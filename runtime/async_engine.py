@@ -21,7 +21,7 @@ from actorserve.runtime.engine.sleep import check_level, check_tags
 from actorserve.runtime.errors import EngineDeadError, EngineStartError
 from actorserve.runtime.launcher import Launcher, launcher_for
 from actorserve.runtime.logs import setup_logging
-from actorserve.runtime.resolve import engine_config, resolve
+from actorserve.runtime.resolve import resolve
 from actorserve.runtime.transport.messages import HealthPong
 
 log = logging.getLogger("actorserve")
@@ -29,7 +29,7 @@ log = logging.getLogger("actorserve")
 
 class AsyncEngine:
     def __init__(self, model: Optional[str] = None, **engine_args: Any) -> None:
-        self._init(engine_config(model, **engine_args))
+        self._init(EngineConfig.from_engine_args(model, **engine_args))  # (_init resolves it)
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "AsyncEngine":

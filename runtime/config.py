@@ -320,8 +320,6 @@ class ParallelConfig:
         return max(1, (os.cpu_count() or 1) // workers)
 
 
-
-
 @dataclass(frozen=True)
 class CpuPaths:
     """Which CPU fast paths this process takes, as the capability gates (``kernels.capability.detect``)
@@ -398,7 +396,6 @@ class DeviceConfig:
         if device == "cpu":
             return device
         return f"cuda:{int(device.partition(':')[2] or 0) + stage}"
-
 
 
 _MODES = ("multiprocess", "inprocess")

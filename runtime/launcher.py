@@ -160,5 +160,3 @@ class InLoopLauncher:
         for task in self.tasks:
             task.cancel()
         self.control.close()
-
-

@@ -27,7 +27,7 @@ from typing import Callable, Optional
 
 import zmq.asyncio
 
-from actorserve.runtime.transport.addresses import Addresses
+from actorserve.runtime.transport.addresses import Addresses, free_ports
 from actorserve.runtime.config import EngineConfig
 from actorserve.runtime.errors import EngineStartError
 from actorserve.runtime.process import checkout_path, held_libraries
@@ -60,8 +60,6 @@ class ActorHost:
     def node_ports(self, count: int) -> tuple[str, list[int]]:
         """This node's address and ``count`` distinct free ports on it."""
         import ray
-
-        from actorserve.runtime.transport.addresses import free_ports
 
         ip = ray.util.get_node_ip_address()
         return ip, free_ports(ip, count)

@@ -25,7 +25,7 @@ REGISTRIES: dict[str, dict[str, str]] = {
 def resolve(config: EngineConfig) -> EngineConfig:
     """``config`` with its registry names checked (ValueError naming the known ones) and its CPU paths
     decided; a config resolved already comes back as it is."""
-    quantization.check_name(config.model.quantization, "quantization")
+    quantization.check_name(config.model.quantization)
     spec = config.scheduler.speculative_config
     if spec is not None:
         quantization.check_name(spec.quantization, "speculative_config quantization")

@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from actorserve.kernels import capability
-from actorserve.runtime.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
+from actorserve.runtime.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
 from actorserve.runtime.engine.core import EngineCore, ModelFacts
 from actorserve.runtime.model.execution.cuda_graphs import capture_sizes
 from actorserve.runtime.model.execution.draft_proposer import DraftModelProposer
@@ -28,10 +28,9 @@ from actorserve.runtime.model.memory.sleep_mode import SleepMode
 log = logging.getLogger("actorserve")
 
 
-def model_facts(loaded: LoadedModel, model: ModelConfig, scheduler: SchedulerConfig, num_blocks: int) -> ModelFacts:
+def model_facts(loaded: LoadedModel, scheduler: SchedulerConfig, num_blocks: int, max_len: int) -> ModelFacts:
     tok = loaded.tokenizer
     eos = tok.eos_token_id if tok is not None and tok.eos_token_id is not None else loaded.cfg.eos_token_id
-    max_len = model.max_model_len or loaded.cfg.max_position_embeddings
     # vocab_size is the embedding rows (load_weights checked the checkpoint against it).
     spec = scheduler.speculative_config
     # (a draft model keeps its own keys on the same blocks, whatever window the target has)
@@ -94,19 +93,20 @@ def load_worker(config: EngineConfig, with_tokenizer: bool, pp_rank: int = 0,
     if max_len is not None and max_len > loaded.cfg.max_position_embeddings:
         raise ValueError(f"max_model_len {max_len} exceeds the model's context length "
                          f"{loaded.cfg.max_position_embeddings}")
+    context_len = max_len or loaded.cfg.max_position_embeddings
     loaded_at = time.perf_counter()
     log.info("weights loaded in %.2f s: %.1f M parameters in %s%s, resident memory +%.1f MiB", loaded_at - started,
              loaded.model.num_parameters() / 1e6, str(loaded.model.dtype).removeprefix("torch."),
              f", {m.quantization}" if m.quantization else "", (_resident_bytes() - resident) / 2**20)
     spec = config.scheduler.speculative_config
-    draft = _load_draft(spec, loaded, max_len, device)
+    draft = _load_draft(spec, loaded, context_len, device)
     kv_dtype = kv_cache_dtype(config.cache, loaded.model.dtype)  # (the draft model's too: the same dtype)
     per_block = kv_bytes_per_block(loaded.cfg, config.cache.block_size, kv_dtype)
     if draft is not None:  # its cache has as many blocks, addressed by the same block tables
         per_block += kv_bytes_per_block(draft.cfg, config.cache.block_size, kv_dtype)
     slots = state_slots(loaded, config.scheduler)
-    blocks = num_kv_blocks(loaded, config.cache, config.scheduler, max_len or loaded.cfg.max_position_embeddings,
-                           per_block, slots * len(loaded.cfg.linear_layers)
+    blocks = num_kv_blocks(loaded, config.cache, config.scheduler, context_len, per_block,
+                           slots * len(loaded.cfg.linear_layers)
                            * LinearLayerState.bytes_per_slot(loaded.cfg, loaded.model.dtype))
     drafter = None
     if draft is not None:
@@ -124,14 +124,15 @@ def load_worker(config: EngineConfig, with_tokenizer: bool, pp_rank: int = 0,
     if config.runtime.enable_sleep_mode:
         def reload() -> list:
             target = load(True)
-            return [target.model] + ([_load_draft(spec, target, max_len, device).model] if draft is not None else [])
+            redrafted = [_load_draft(spec, target, context_len, device).model] if draft is not None else []
+            return [target.model] + redrafted
 
         runner.sleep_mode = SleepMode(runner, reload)
     log.info("%s; decode fast path: %s", paths.describe(), "on" if runner.fast_decode is not None else "off")
     log.info("KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB, %s), allocated in %.2f s",
              blocks, config.cache.block_size, blocks * config.cache.block_size,
              blocks * per_block / 2**20, str(kv_dtype).removeprefix("torch."), time.perf_counter() - loaded_at)
-    return runner, model_facts(loaded, config.model, config.scheduler, blocks), loaded
+    return runner, model_facts(loaded, config.scheduler, blocks, context_len), loaded
 
 
 def kv_cache_dtype(cache: CacheConfig, model_dtype: torch.dtype) -> torch.dtype:
@@ -139,7 +140,7 @@ def kv_cache_dtype(cache: CacheConfig, model_dtype: torch.dtype) -> torch.dtype:
     return model_dtype if cache.kv_cache_dtype == "auto" else getattr(torch, cache.kv_cache_dtype)
 
 
-def _load_draft(spec: Optional[SpeculativeConfig], target: LoadedModel, max_model_len: Optional[int],
+def _load_draft(spec: Optional[SpeculativeConfig], target: LoadedModel, max_len: int,
                 device: str) -> Optional[LoadedModel]:
     """The draft model of speculative decoding's draft_model method, in the target's dtype, on the target's
     device; ValueError where it cannot draft for this target."""
@@ -150,7 +151,6 @@ def _load_draft(spec: Optional[SpeculativeConfig], target: LoadedModel, max_mode
     if draft.cfg.vocab_size != target.cfg.vocab_size:
         raise ValueError(f"the draft model {spec.model} has a vocabulary of {draft.cfg.vocab_size} tokens, the "
                          f"target {target.cfg.vocab_size}: a draft model must share the target's tokenizer")
-    max_len = max_model_len or target.cfg.max_position_embeddings
     if draft.cfg.max_position_embeddings < max_len:
         raise ValueError(f"the draft model {spec.model} takes {draft.cfg.max_position_embeddings} positions, "
                          f"fewer than max_model_len {max_len}: lower --max-model-len")

@@ -75,7 +75,7 @@ def free_ports(host: str, count: int) -> list[int]:
     choices = random.SystemRandom()  # independent of any seed a program or a test sets
     held: list[socket.socket] = []
     try:
-        for attempt in range(count * 64 if low - _FIRST_PORT >= 1024 else 0):
+        for _ in range(count * 64 if low - _FIRST_PORT >= 1024 else 0):
             if len(held) == count:
                 break
             s = socket.socket()
