@@ -1,8 +1,11 @@
-"""The FastAPI application: routes, authentication, request ids, and errors in the OpenAI shape.
+"""The FastAPI application: routes, authentication, request ids, and errors in the shape of the API a
+request came to (Anthropic's on /v1/messages, OpenAI's elsewhere).
 
 Runs in the frontend process. Malformed JSON and schema violations are 400 (not FastAPI's 422); an
 error the request did not cause is a 500 in the same shape, logged with the request id; a client
 that disconnects has its request aborted in the scheduler; ``X-Request-Id`` is honoured and returned.
+The API key is taken as OpenAI's clients send it (``Authorization: Bearer``) and as Anthropic's do
+(``x-api-key``).
 """
 from __future__ import annotations
 
@@ -17,11 +20,15 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import actorserve
-from actorserve.frontend.errors import APIError, error_body, error_response
+from actorserve.frontend.errors import APIError, anthropic_error_body, error_body
+from actorserve.frontend.messages_protocol import CountTokensRequest, MessagesRequest
 from actorserve.frontend.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from actorserve.frontend.responses_protocol import ResponsesRequest
 from actorserve.frontend.serving import SHUTTING_DOWN, ServingContext, now
 from actorserve.frontend.serving_chat import ChatServing, render_chat
 from actorserve.frontend.serving_completion import CompletionServing
+from actorserve.frontend.serving_messages import MessagesServing
+from actorserve.frontend.serving_responses import ResponsesServing
 from actorserve.runtime.errors import EngineDeadError, EngineSleepingError
 
 log = logging.getLogger("actorserve.frontend")
@@ -37,22 +44,24 @@ def build_app(ctx: ServingContext, api_key: Optional[str] = None) -> FastAPI:
 
     @app.middleware("http")
     async def auth_and_request_id(request: Request, call_next):
-        if api_key is not None and request.url.path.startswith(_WITH_KEY):
-            if request.headers.get("authorization") != f"Bearer {api_key}":
-                return JSONResponse(error_body(401, "Invalid or missing API key"), status_code=401)
+        path = request.url.path
+        if api_key is not None and path.startswith(_WITH_KEY):
+            if (request.headers.get("authorization") != f"Bearer {api_key}"
+                    and request.headers.get("x-api-key") != api_key):
+                return _error(path, APIError(401, "Invalid or missing API key"))
         request.state.request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
-        if ctx.draining and request.url.path not in _WITHOUT_ENGINE:  # (SIGTERM: serving.drain)
-            return error_response(APIError(503, SHUTTING_DOWN))
-        if request.url.path not in _WITHOUT_ENGINE:
+        if ctx.draining and path not in _WITHOUT_ENGINE:  # (SIGTERM: serving.drain)
+            return _error(path, APIError(503, SHUTTING_DOWN))
+        if path not in _WITHOUT_ENGINE:
             try:
                 await ctx.wait_ready()  # requests that arrive while the engine starts wait for it
             except APIError as exc:
-                return error_response(exc)
+                return _error(path, exc)
         try:
             response = await call_next(request)
         except Exception as exc:  # no handler took it: not the request's fault
             log.exception("request %s failed", request.state.request_id)
-            response = JSONResponse(error_body(500, f"internal error: {type(exc).__name__}"), status_code=500)
+            response = _error(path, APIError(500, f"internal error: {type(exc).__name__}"))
         response.headers["X-Request-Id"] = request.state.request_id
         return response
 
@@ -66,10 +75,16 @@ def build_app(ctx: ServingContext, api_key: Optional[str] = None) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": name, "object": "model", "created": now(),
-                                            "owned_by": "actorserve", "root": ctx.model_name,
-                                            "max_model_len": ctx.max_model_len}
-                                           for name in ctx.served_model_names or (ctx.model_name,)]}
+        return {"object": "list", "data": [_model_card(ctx, name) for name in ctx.served_model_names or (ctx.model_name,)]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        if model_id not in (ctx.served_model_names or (ctx.model_name,)):
+            raise APIError(404, f"The model `{model_id}` does not exist.", "model")
+        return _model_card(ctx, model_id)
+
+    _responses_routes(app, ResponsesServing(ctx, chat))
+    _messages_routes(app, MessagesServing(ctx, chat))
 
     @app.get("/health")
     @app.get("/ping")  # vLLM's alias of /health (SageMaker's name for it), also as a POST
@@ -122,6 +137,51 @@ def build_app(ctx: ServingContext, api_key: Optional[str] = None) -> FastAPI:
         _sleep_routes(app, ctx)
 
     return app
+
+
+def _model_card(ctx: ServingContext, name: str) -> dict:
+    return {"id": name, "object": "model", "created": now(), "owned_by": "actorserve", "root": ctx.model_name,
+            "max_model_len": ctx.max_model_len}
+
+
+def _responses_routes(app: FastAPI, responses: ResponsesServing) -> None:
+    """OpenAI's Responses API (serving_responses)."""
+
+    @app.post("/v1/responses")
+    async def create_response(body: ResponsesRequest, request: Request):
+        return await _serve(request, responses, body)
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str):
+        return responses.get(response_id)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str):
+        return responses.delete(response_id)
+
+    @app.post("/v1/responses/{response_id}/cancel")
+    async def cancel_response(response_id: str):
+        return await responses.cancel(response_id)
+
+
+def _messages_routes(app: FastAPI, messages: MessagesServing) -> None:
+    """Anthropic's Messages API (serving_messages); its errors in Anthropic's shape (``_error``)."""
+
+    @app.post("/v1/messages")
+    async def create_message(body: MessagesRequest, request: Request):
+        return await _serve(request, messages, body)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(body: CountTokensRequest, request: Request):
+        return await messages.count_tokens(body, request.state.request_id)
+
+
+def _error(path: str, exc: APIError) -> JSONResponse:
+    """The error in the shape of the API the request came to."""
+    body = anthropic_error_body(exc.status, exc.message) if path.startswith("/v1/messages") else \
+        error_body(exc.status, exc.message, exc.param)
+    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
+    return JSONResponse(body, status_code=exc.status, headers=headers)
 
 
 def _sleep_routes(app: FastAPI, ctx: ServingContext) -> None:
@@ -201,26 +261,26 @@ def _is_field(part) -> bool:
 
 def _install_errors(app: FastAPI) -> None:
     @app.exception_handler(APIError)
-    async def api_error(_: Request, exc: APIError):
-        return error_response(exc)
+    async def api_error(request: Request, exc: APIError):
+        return _error(request.url.path, exc)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError):
+    async def invalid(request: Request, exc: RequestValidationError):
         errors = exc.errors()
         # of a union's failures, the one our own validators raised says most (a lone surrogate, say)
         first = next((e for e in errors if e.get("type") == "value_error"), errors[0] if errors else {})
         if first.get("type") == "json_invalid":
             detail = (first.get("ctx") or {}).get("error", "")
-            return JSONResponse(error_body(400, f"invalid JSON in the request body: {detail}"), status_code=400)
+            return _error(request.url.path, APIError(400, f"invalid JSON in the request body: {detail}"))
         where = ".".join(str(p) for p in first.get("loc", ()) if _is_field(p))
         message = f"{where}: {first.get('msg', 'invalid request')}" if where else first.get("msg", "invalid request")
-        return JSONResponse(error_body(400, message, where or None), status_code=400)
+        return _error(request.url.path, APIError(400, message, where or None))
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException):
-        return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        return _error(request.url.path, APIError(exc.status_code, str(exc.detail)))
 
     @app.exception_handler(EngineDeadError)
     @app.exception_handler(EngineSleepingError)
-    async def unavailable(_: Request, exc: Exception):
-        return JSONResponse(error_body(503, str(exc)), status_code=503)
+    async def unavailable(request: Request, exc: Exception):
+        return _error(request.url.path, APIError(503, str(exc)))

@@ -41,6 +41,18 @@ def error_body(status: int, message: str, param: Optional[str] = None) -> dict:
                       "code": status}}
 
 
+# Anthropic's error types by status (https://docs.anthropic.com/en/api/errors)
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 408: "timeout_error", 413: "request_too_large", 429: "rate_limit_error",
+                    500: "api_error", 503: "overloaded_error"}
+
+
+def anthropic_error_body(status: int, message: str) -> dict:
+    """``{"type": "error", "error": {"type", "message"}}``, as Anthropic's API and its SDK read it."""
+    return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, "invalid_request_error"),
+                                       "message": message}}
+
+
 def error_response(exc: APIError) -> JSONResponse:
     headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
     return JSONResponse(error_body(exc.status, exc.message, exc.param), status_code=exc.status, headers=headers)

@@ -83,6 +83,10 @@ UNSUPPORTED: dict[str, tuple] = {
 }
 # vLLM's older spellings of structured_outputs' keys, taken as they are
 GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+# vLLM's sampling extras, which Responses and Messages requests may carry too: handed to the chat request as
+# they are
+SAMPLING_EXTRAS = ("min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "ignore_eos", "min_tokens",
+                   "stop_token_ids", "logit_bias", "bad_words", "structured_outputs", "skip_special_tokens")
 # Known fields that change nothing this server returns: accepted without a warning
 ACCEPTED_UNUSED = frozenset({"metadata", "store", "service_tier", "request_id", "cache_salt", "kv_transfer_params",
                              "parallel_tool_calls", "top_logprobs", "max_completion_tokens", "reasoning_effort"})

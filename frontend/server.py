@@ -24,6 +24,7 @@ import uvicorn
 from actorserve.frontend.app import build_app
 from actorserve.frontend.http_limits import BodyLimit, header_timeout_protocol
 from actorserve.frontend.metrics import FrontendMetrics
+from actorserve.frontend.response_store import ResponseStore
 from actorserve.frontend.serving import ServingContext, drain
 
 log = logging.getLogger("actorserve.frontend")
@@ -62,6 +63,9 @@ class ServeOptions:
     chat_template: Optional[str] = None
     trust_request_chat_template: bool = False  # render a request's own chat_template (else it is a 400)
     tool_parser: Optional[str] = None  # "auto" tool choice's parser (--enable-auto-tool-choice --tool-call-parser)
+    reasoning_parser: Optional[str] = None  # splits a reasoning model's thinking from its answer
+    responses_store_entries: int = 1000  # stored Responses (store=true) kept at most, the oldest evicted first
+    responses_store_bytes: int = 64 << 20  # and their size at most, in bytes of JSON
     generation_config: str = "auto"  # "auto": the model's generation_config.json; "vllm": none; or a folder
     uvicorn_log_level: str = "info"
     access_log: bool = True
@@ -131,7 +135,9 @@ def new_context(engine, model: Optional[str], served_model_names: Sequence[str] 
     renderer = None if limits is None else TemplateRenderer(limits.chat_template_seconds, limits.chat_template_memory)
     return ServingContext(engine, None, names[0], 0, 0, FrontendMetrics(names[0]), served_model_names=names,
                           chat_template=options.chat_template, log_requests=options.log_requests,
-                          tool_parser=options.tool_parser, renderer=renderer,
+                          tool_parser=options.tool_parser, reasoning_parser=options.reasoning_parser,
+                          responses=ResponseStore(options.responses_store_entries, options.responses_store_bytes),
+                          renderer=renderer,
                           trust_request_chat_template=options.trust_request_chat_template)
 
 

@@ -17,6 +17,7 @@ from typing import Any, AsyncIterator, Callable, Optional, Sequence
 
 from actorserve.frontend.errors import RETRY_AFTER_S, APIError
 from actorserve.frontend.metrics import FrontendMetrics
+from actorserve.frontend.response_store import ResponseStore
 from actorserve.runtime.engine.beam_search import BeamSearchParams
 from actorserve.runtime.engine.outputs import Logprob, RequestOutput
 from actorserve.runtime.engine.sampling_params import (RequestLimits, SamplingParams, truncate_prompt,
@@ -52,6 +53,8 @@ class ServingContext:
     served_model_names: tuple[str, ...] = ()  # every name a request may give (model_name is the first)
     default_sampling: dict = field(default_factory=dict)  # --generation-config: for fields a request leaves unset
     tool_parser: Optional[str] = None  # --tool-call-parser with --enable-auto-tool-choice: "auto" tool choice
+    reasoning_parser: Optional[str] = None  # --reasoning-parser: the thinking split from the answer
+    responses: ResponseStore = field(default_factory=ResponseStore)  # the Responses API's stored responses
     log_requests: bool = True
     draining: bool = False  # SIGTERM: no new request is admitted; those in flight may finish (``drain``)
     closing: bool = False  # the drain's deadline passed: what is still in flight is aborted, and ends in a 503

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import AsyncIterator, Optional
 
 from actorserve.frontend import tool_calls
@@ -11,8 +12,11 @@ from actorserve.frontend.protocol import ChatCompletionRequest, ChatMessage
 from actorserve.frontend.serving import (SSE_DONE, Prompt, ServingContext, clamp_logprob, now, prompt_logprobs_json,
                                          sse, usage)
 from actorserve.runtime.engine.outputs import CompletionOutput, Logprob
-from actorserve.runtime.engine.sampling_params import prompt_text_bound
+from actorserve.runtime.engine.sampling_params import SamplingParams, prompt_text_bound
 from actorserve.runtime.text.chat_template import render
+from actorserve.runtime.text.output_parser import OutputParser
+from actorserve.runtime.text.reasoning_parsers import REASONING_PARSERS
+from actorserve.runtime.text.tool_parsers import TOOL_PARSERS, ToolCall
 
 log = logging.getLogger("actorserve.frontend")
 
@@ -41,11 +45,27 @@ async def render_chat(ctx: ServingContext, messages: list[ChatMessage], add_gene
     return Prompt(text, ids)
 
 
+@dataclass
+class ChatTurn:
+    """A chat request made ready for the engine: what Responses and Messages share with chat."""
+
+    prompt: Prompt
+    params: SamplingParams
+    mode: Optional[tool_calls.ToolMode]
+    tools: Optional[list[dict]]
+    template_kwargs: dict
+
+    def output_parser(self, reasoning_parser: Optional[str]) -> OutputParser:
+        """A sample's reader: the server's reasoning parser, then the tool mode's parser."""
+        reasoning = None if reasoning_parser is None else REASONING_PARSERS[reasoning_parser](self.template_kwargs)
+        return OutputParser(reasoning, tool_calls.parser_of(self.mode, self.tools))
+
+
 class ChatServing:
     def __init__(self, ctx: ServingContext) -> None:
         self.ctx = ctx
 
-    async def prepare(self, request: ChatCompletionRequest, request_id: str):
+    async def prepare(self, request: ChatCompletionRequest, request_id: str) -> ChatTurn:
         self.ctx.check_model(request.model)
         if request.top_logprobs is not None and not request.logprobs:
             raise APIError(400, "top_logprobs needs logprobs to be true", "top_logprobs")
@@ -54,6 +74,8 @@ class ChatServing:
         except ValueError as exc:
             raise APIError(400, str(exc), "tool_choice") from None
         request._tools_constraint = tool_calls.constraint(request, mode)
+        if mode is not None and mode.kind == "auto" and TOOL_PARSERS[mode.parser].needs_special_tokens:
+            request.skip_special_tokens = False  # the parser's markers are special tokens (as vLLM does)
         self.ctx.check_fields(request, request_id)
         tools = [t.model_dump(exclude_none=True) for t in request.tools] if request.tools else None
         template_kwargs = dict(request.chat_template_kwargs or {})
@@ -68,43 +90,47 @@ class ChatServing:
         if request.max_completion_tokens is not None:
             names["max_tokens"] = "max_completion_tokens"
         params = self.ctx.build_params(request, prompt, requested, logprobs, request.prompt_logprobs, names)
-        return prompt, params, mode
+        return ChatTurn(prompt, params, mode, tools, template_kwargs)
 
     async def create(self, request: ChatCompletionRequest, request_id: str) -> dict:
-        prompt, params, mode = await self.prepare(request, request_id)
-        out = await self.ctx.final(prompt, params, request_id)
-        prefix = echo_prefix(request, prompt.text)
+        turn = await self.prepare(request, request_id)
+        out = await self.ctx.final(turn.prompt, turn.params, request_id)
+        prefix = echo_prefix(request, turn.prompt.text)
         choices = []
         for s in out.outputs:
-            message, reason = {"role": "assistant", "content": prefix + s.text}, s.finish_reason
-            if mode is not None:
-                content, calls = tool_calls.calls_of(s.text, mode)
-                message = {"role": "assistant", "content": content, "tool_calls": calls}
-                reason = tool_calls.finish_reason(mode, s.finish_reason, calls)
+            parsed = turn.output_parser(self.ctx.reasoning_parser).parse(s.text)
+            message = {"role": "assistant", "content": prefix + parsed.content if parsed.content is not None
+                       else (prefix or None)}
+            if parsed.reasoning is not None:
+                message["reasoning"] = message["reasoning_content"] = parsed.reasoning
+            if turn.mode is not None:
+                message["tool_calls"] = [tool_calls.call_json(c) for c in parsed.calls]
             choices.append({"index": s.index, "message": message,
                             "logprobs": chat_logprobs(s, request.top_logprobs or 0) if request.logprobs else None,
-                            "finish_reason": reason, "stop_reason": s.stop_reason})
+                            "finish_reason": tool_calls.finish_reason(turn.mode, s.finish_reason, parsed.calls),
+                            "stop_reason": s.stop_reason})
         body = {"id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": now(),
                 "model": self.ctx.response_name(request.model), "choices": choices,
-                "usage": usage([prompt], [out])}
+                "usage": usage([turn.prompt], [out])}
         if request.prompt_logprobs is not None:
             body["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs)
         return body
 
     async def stream(self, request: ChatCompletionRequest, request_id: str) -> AsyncIterator[str]:
         """Errors before the stream starts (the engine's refusal included) are plain 4xx."""
-        prompt, params, mode = await self.prepare(request, request_id)
-        outputs = await self.ctx.started(prompt, params, request_id)
-        return self._events(request, request_id, prompt, outputs, mode)
+        turn = await self.prepare(request, request_id)
+        outputs = await self.ctx.started(turn.prompt, turn.params, request_id)
+        return self._events(request, request_id, turn, outputs)
 
-    async def _events(self, request, request_id, prompt: Prompt, outputs,
-                      mode: Optional[tool_calls.ToolMode] = None) -> AsyncIterator[str]:
+    async def _events(self, request, request_id, turn: ChatTurn, outputs) -> AsyncIterator[str]:
         head = {"id": f"chatcmpl-{request_id}", "object": "chat.completion.chunk", "created": now(),
                 "model": self.ctx.response_name(request.model)}
-        prefix = echo_prefix(request, prompt.text)
+        prefix = echo_prefix(request, turn.prompt.text)
         sent = {i: (0, 0) for i in range(request.n)}
         done: set[int] = set()  # samples whose finish_reason went out: nothing more for them
-        calls = _StreamedCalls(mode) if mode is not None else None
+        parsers = {i: turn.output_parser(self.ctx.reasoning_parser) for i in range(request.n)}
+        options = request.stream_options
+        continuous = options is not None and options.include_usage and options.continuous_usage_stats
         last = None
         try:
             for i in range(request.n):
@@ -114,13 +140,13 @@ class ChatServing:
                 last = out
                 for s in out.outputs:
                     chunk = _delta(s, sent, done, request)
-                    if chunk is not None and calls is not None:
-                        chunk = calls.delta(s, chunk)
+                    if chunk is not None and parsers[s.index].active:
+                        chunk = _parsed(parsers[s.index], s, chunk, turn.mode)
                     if chunk is not None:
-                        yield sse({**head, "choices": [chunk]})
-            if request.stream_options and request.stream_options.include_usage and last is not None:
-                yield sse({**head, "choices": [],
-                           "usage": usage([prompt], [last])})
+                        extra = {"usage": usage([turn.prompt], [out])} if continuous else {}
+                        yield sse({**head, "choices": [chunk], **extra})
+            if options and options.include_usage and last is not None:
+                yield sse({**head, "choices": [], "usage": usage([turn.prompt], [last])})
         except APIError as exc:
             yield sse_error(exc)
         except Exception as exc:  # after the 200: the error travels in the stream, and is logged
@@ -131,34 +157,24 @@ class ChatServing:
         yield SSE_DONE
 
 
-class _StreamedCalls:
-    """Tool calls as stream deltas: a named function's arguments as they come (the first delta with the
-    call's id and name); "required" and "auto" calls once the sample is finished, when they parse."""
-
-    def __init__(self, mode: tool_calls.ToolMode) -> None:
-        self.mode = mode
-        self.started: set[int] = set()
-
-    def delta(self, s: CompletionOutput, chunk: dict) -> Optional[dict]:
-        text = chunk["delta"].pop("content", "")
-        if self.mode.kind == "named":
-            if text:
-                call: dict = {"index": 0, "function": {"arguments": text}}
-                if s.index not in self.started:
-                    self.started.add(s.index)
-                    call = {"index": 0, "id": tool_calls.call_id(), "type": "function",
-                            "function": {"name": self.mode.name, "arguments": text}}
-                chunk["delta"]["tool_calls"] = [call]
-        elif chunk["finish_reason"]:  # required / auto: the whole answer is needed to parse it
-            content, calls = tool_calls.calls_of(s.text, self.mode)
-            if content:
-                chunk["delta"]["content"] = content
-            if calls:
-                chunk["delta"]["tool_calls"] = [{"index": k, **c} for k, c in enumerate(calls)]
-            chunk["finish_reason"] = tool_calls.finish_reason(self.mode, chunk["finish_reason"], calls)
-        if not chunk["delta"] and not chunk["finish_reason"] and chunk["logprobs"] is None:
-            return None
-        return chunk
+def _parsed(parser: OutputParser, s: CompletionOutput, chunk: dict, mode: Optional[tool_calls.ToolMode]):
+    """The chunk's text read by the sample's parser: its thinking, content and calls as deltas."""
+    news = parser.feed(s.text, final=bool(chunk["finish_reason"]))
+    delta: dict = {}
+    if news.reasoning:
+        delta["reasoning"] = delta["reasoning_content"] = news.reasoning
+    if news.content:
+        delta["content"] = news.content
+    if news.calls:
+        delta["tool_calls"] = [{"index": c.index, "function": {"arguments": c.arguments}} if c.name is None else
+                               {"index": c.index, **tool_calls.call_json(ToolCall(c.name, c.arguments))}
+                               for c in news.calls]
+    chunk["delta"] = delta
+    if chunk["finish_reason"]:
+        chunk["finish_reason"] = tool_calls.finish_reason(mode, chunk["finish_reason"], parser.calls)
+    if not delta and not chunk["finish_reason"] and chunk["logprobs"] is None:
+        return None
+    return chunk
 
 
 def _delta(s: CompletionOutput, sent: dict, done: set, request: ChatCompletionRequest) -> Optional[dict]:

@@ -7,20 +7,21 @@
 - "required": the output is constrained to a JSON array of ``{"name": ..., "parameters": {...}}`` objects,
   each one of the tools with its own schema, at least one; each is a call (finish_reason "tool_calls").
 - "auto" (also tools without tool_choice, OpenAI's default): needs ``--enable-auto-tool-choice`` and a
-  ``--tool-call-parser``; the model answers freely and the parser finds its calls. ``hermes``: each call
-  is ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, the text before the first is the
-  content. A block that does not parse stays in the content.
+  ``--tool-call-parser`` (``runtime.text.tool_parsers``); the model answers freely and the parser finds
+  its calls. A call that does not parse stays in the content.
+
+Each mode reads the answer with a ``ToolParser``, so chat, Responses and Messages stream calls alike.
 """
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from dataclasses import dataclass
 from typing import Any, Optional
 
-PARSERS = ("hermes",)
-_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+from actorserve.runtime.text.tool_parsers import TOOL_PARSERS, Scan, ToolCall, ToolParser
+
+PARSERS = tuple(TOOL_PARSERS)
 
 
 @dataclass(frozen=True)
@@ -65,31 +66,51 @@ def constraint(request, mode: Optional[ToolMode]) -> Optional[dict[str, Any]]:
     return {"json": {"type": "array", "minItems": 1, "items": {"anyOf": items}}}
 
 
-def calls_of(text: str, mode: ToolMode) -> tuple[Optional[str], list[dict]]:
-    """(content, tool_calls in OpenAI's shape) of a finished output."""
+def parser_of(mode: Optional[ToolMode], tools: Optional[list[dict]]) -> Optional[ToolParser]:
+    """The parser that reads the mode's calls from the answer; None without tools."""
+    if mode is None:
+        return None
     if mode.kind == "named":
-        return None, [_call(mode.name, text)]
+        return _NamedCall(mode.name)
     if mode.kind == "required":
+        return _RequiredCalls()
+    return TOOL_PARSERS[mode.parser](tools)
+
+
+class _NamedCall(ToolParser):
+    """The whole answer is the named function's arguments (the grammar saw to it), streamed as they come."""
+
+    name = "named"
+
+    def __init__(self, function: str) -> None:
+        super().__init__()
+        self.function = function
+
+    def scan(self, text: str, final: bool) -> Scan:
+        if not text and not final:
+            return Scan("")
+        return Scan("", (ToolCall(self.function, text, complete=final),))
+
+
+class _RequiredCalls(ToolParser):
+    """The answer is a JSON list of ``{"name", "parameters"}``, read once whole; cut short, it is content."""
+
+    name = "required"
+
+    def scan(self, text: str, final: bool) -> Scan:
+        if not final:
+            return Scan("")
         try:
             calls = json.loads(text)
-        except json.JSONDecodeError:  # cut short by max_tokens: the text is all there is
-            return text, []
-        return None, [_call(c["name"], json.dumps(c.get("parameters", {}))) for c in calls]
-    calls, kept = [], []
-    for found in _HERMES.finditer(text):
-        try:
-            body = json.loads(found.group(1))
-            calls.append(_call(str(body["name"]), json.dumps(body.get("arguments", {}))))
+            return Scan("", tuple(ToolCall(c["name"], json.dumps(c.get("parameters", {}))) for c in calls))
         except (json.JSONDecodeError, KeyError, TypeError):
-            kept.append(found.group(0))
-    first = text.find("<tool_call>") if calls else -1
-    content = (text if first < 0 else text[:first]).strip() + "".join(kept)
-    return (content or None) if calls else text, calls
+            return Scan(text)
 
 
-def finish_reason(mode: ToolMode, reason: Optional[str], calls: list[dict]) -> Optional[str]:
-    """vLLM's: "tool_calls" where calls were made by "required" or found by the parser."""
-    if calls and reason == "stop" and mode.kind in ("required", "auto"):
+def finish_reason(mode: Optional[ToolMode], reason: Optional[str], calls) -> Optional[str]:
+    """vLLM's: "tool_calls" wherever calls were made by "required" or found by the parser (an answer
+    that ran on to max_tokens after its call included)."""
+    if calls and reason in ("stop", "length") and mode is not None and mode.kind in ("required", "auto"):
         return "tool_calls"
     return reason
 
@@ -98,8 +119,9 @@ def call_id() -> str:
     return f"chatcmpl-tool-{uuid.uuid4().hex}"
 
 
-def _call(name: str, arguments: str) -> dict:
-    return {"id": call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
+def call_json(call: ToolCall) -> dict:
+    """A call in chat's shape, with a new id."""
+    return {"id": call_id(), "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
 
 def _parameters(tool) -> dict:

@@ -6,7 +6,6 @@ import json
 import openai
 import pytest
 
-from tests.e2e.server import API_KEY, Server
 from tests.e2e.test_openai_server import MODEL
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
@@ -53,16 +52,32 @@ def test_required_calls_one_or_more_tools(client):
     assert chunks[-1].finish_reason == "tool_calls"
 
 
-def test_auto_needs_the_servers_parser(client):
+def test_auto_needs_the_servers_parser(client, agent_client):
     with pytest.raises(openai.BadRequestError, match="enable-auto-tool-choice"):
         client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="auto", max_tokens=5)
-    auto = Server("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
-    try:
-        c = openai.OpenAI(base_url=auto.base_url + "/v1", api_key=API_KEY, max_retries=0)
-        r = c.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=60, temperature=0)
-        message = r.choices[0].message
-        assert message.content or message.tool_calls  # the parser's answer either way, never an error
-        for call in message.tool_calls or []:
-            json.loads(call.function.arguments)
-    finally:
-        assert auto.stop() == 0
+    r = agent_client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=60, temperature=0)
+    message = r.choices[0].message
+    assert message.content or message.tool_calls  # the parser's answer either way, never an error
+    for call in message.tool_calls or []:
+        json.loads(call.function.arguments)
+
+
+# the model made to write a hermes call and then run on to max_tokens (a regex: structured outputs)
+CALL_THEN_MORE = ('<tool_call>\\{"name": "get_weather", "arguments": \\{"city": "Oslo", "unit": "celsius"\\}\\}'
+                  '</tool_call>[a-z ]{40,80}')
+
+
+def test_a_parsed_auto_call_finishes_as_tool_calls_whole_and_streamed(agent_client):
+    """Even where the text after the call ran to max_tokens, as vLLM reports it."""
+    kw = dict(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=40, temperature=0,
+              extra_body={"structured_outputs": {"regex": CALL_THEN_MORE}})
+    r = agent_client.chat.completions.create(**kw)
+    call = r.choices[0].message.tool_calls[0]
+    assert r.choices[0].finish_reason == "tool_calls" and r.usage.completion_tokens == 40
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] == "Oslo"
+    chunks = [c.choices[0] for c in agent_client.chat.completions.create(**kw, stream=True) if c.choices]
+    streamed = [t for c in chunks for t in (c.delta.tool_calls or [])]
+    assert [(t.function.name, json.loads(t.function.arguments)) for t in streamed] == [
+        (call.function.name, json.loads(call.function.arguments))]
+    assert streamed[0].id and chunks[-1].finish_reason == "tool_calls"
+    assert "".join(c.delta.content or "" for c in chunks) == (r.choices[0].message.content or "")

@@ -5,6 +5,7 @@ import pytest
 
 from actorserve.frontend import tool_calls
 from actorserve.frontend.protocol import ChatCompletionRequest
+from actorserve.runtime.text.output_parser import OutputParser
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
@@ -45,22 +46,27 @@ def test_constraints_are_the_tools_schemas():
         both.structured()
 
 
+def _calls(mode, text):
+    out = OutputParser(tools=tool_calls.parser_of(mode, TOOLS)).parse(text)
+    return out.content, [tool_calls.call_json(c) for c in out.calls]
+
+
 def test_calls_are_parsed_in_openais_shape():
     named = tool_calls.ToolMode("named", name="get_weather")
-    content, calls = tool_calls.calls_of('{"city": "Paris"}', named)
+    content, calls = _calls(named, '{"city": "Paris"}')
     assert content is None and calls[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
     assert calls[0]["type"] == "function" and calls[0]["id"].startswith("chatcmpl-tool-")
     required = tool_calls.ToolMode("required")
-    _, calls = tool_calls.calls_of('[{"name": "get_time", "parameters": {}}, '
-                                   '{"name": "get_weather", "parameters": {"city": "Rome"}}]', required)
+    _, calls = _calls(required, '[{"name": "get_time", "parameters": {}}, '
+                                '{"name": "get_weather", "parameters": {"city": "Rome"}}]')
     assert [c["function"]["name"] for c in calls] == ["get_time", "get_weather"]
     assert json.loads(calls[1]["function"]["arguments"]) == {"city": "Rome"}
     assert tool_calls.finish_reason(required, "stop", calls) == "tool_calls"
     assert tool_calls.finish_reason(named, "stop", calls) == "stop"  # as vLLM
     auto = tool_calls.ToolMode("auto", parser="hermes")
     text = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
-    content, calls = tool_calls.calls_of(text, auto)
+    content, calls = _calls(auto, text)
     assert content == "Let me check." and calls[0]["function"]["name"] == "get_weather"
-    assert tool_calls.calls_of("Just text.", auto) == ("Just text.", [])
-    bad = "<tool_call>{not json}</tool_call>"
-    assert tool_calls.calls_of(bad, auto) == (bad, [])  # what does not parse stays text
+    assert tool_calls.finish_reason(auto, "length", calls) == "tool_calls"  # a call, then max_tokens
+    assert _calls(auto, "Just text.") == ("Just text.", [])
+    assert _calls(required, '[{"name": "get_ti') == ('[{"name": "get_ti', [])  # cut short: the text is all there is
