@@ -10,7 +10,6 @@ from actorserve.engine_flags import add_engine_arguments, engine_kwargs, expand_
 from actorserve.frontend.server import ServeOptions
 from actorserve.frontend.tool_calls import PARSERS
 from actorserve.runtime.errors import ActorServeError
-from actorserve.runtime.text.reasoning_parsers import REASONING_PARSERS
 
 
 # the engine's defaults where it serves clients it does not know (serve, serve-zmq), under the flags given: a
@@ -96,7 +95,7 @@ def _serve_http(a: argparse.Namespace) -> int:
                            chat_template=read_chat_template(a.chat_template),
                            trust_request_chat_template=a.trust_request_chat_template,
                            tool_parser=a.tool_call_parser if a.enable_auto_tool_choice else None,
-                           reasoning_parser=a.reasoning_parser, responses_store_entries=a.responses_store_entries,
+                           responses_store_entries=a.responses_store_entries,
                            responses_store_bytes=a.responses_store_bytes,
                            generation_config=a.generation_config, uvicorn_log_level=a.uvicorn_log_level,
                            access_log=not a.disable_uvicorn_access_log, log_requests=not a.disable_log_requests)
@@ -204,9 +203,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                            "model's calls in its answer")
     http.add_argument("--tool-call-parser", default=None, choices=list(PARSERS),
                       help="the format the model writes its tool calls in (docs/openai-api.md: tool parsers)")
-    http.add_argument("--reasoning-parser", default=None, choices=list(REASONING_PARSERS),
-                      help="split a reasoning model's thinking from its answer: the reasoning field of chat, "
-                           "reasoning items of Responses, thinking blocks of Messages")
     http.add_argument("--responses-store-entries", type=int, default=ServeOptions.responses_store_entries,
                       help="stored Responses (store=true, for previous_response_id) kept at most; the oldest go first")
     http.add_argument("--responses-store-bytes", type=int, default=ServeOptions.responses_store_bytes,

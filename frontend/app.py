@@ -75,7 +75,8 @@ def build_app(ctx: ServingContext, api_key: Optional[str] = None) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [_model_card(ctx, name) for name in ctx.served_model_names or (ctx.model_name,)]}
+        names = ctx.served_model_names or (ctx.model_name,)
+        return {"object": "list", "data": [_model_card(ctx, name) for name in names]}
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str):

@@ -63,7 +63,6 @@ class ServeOptions:
     chat_template: Optional[str] = None
     trust_request_chat_template: bool = False  # render a request's own chat_template (else it is a 400)
     tool_parser: Optional[str] = None  # "auto" tool choice's parser (--enable-auto-tool-choice --tool-call-parser)
-    reasoning_parser: Optional[str] = None  # splits a reasoning model's thinking from its answer
     responses_store_entries: int = 1000  # stored Responses (store=true) kept at most, the oldest evicted first
     responses_store_bytes: int = 64 << 20  # and their size at most, in bytes of JSON
     generation_config: str = "auto"  # "auto": the model's generation_config.json; "vllm": none; or a folder
@@ -135,7 +134,7 @@ def new_context(engine, model: Optional[str], served_model_names: Sequence[str] 
     renderer = None if limits is None else TemplateRenderer(limits.chat_template_seconds, limits.chat_template_memory)
     return ServingContext(engine, None, names[0], 0, 0, FrontendMetrics(names[0]), served_model_names=names,
                           chat_template=options.chat_template, log_requests=options.log_requests,
-                          tool_parser=options.tool_parser, reasoning_parser=options.reasoning_parser,
+                          tool_parser=options.tool_parser, reasoning_parser=engine.config.scheduler.reasoning_parser,
                           responses=ResponseStore(options.responses_store_entries, options.responses_store_bytes),
                           renderer=renderer,
                           trust_request_chat_template=options.trust_request_chat_template)

@@ -53,7 +53,7 @@ class ServingContext:
     served_model_names: tuple[str, ...] = ()  # every name a request may give (model_name is the first)
     default_sampling: dict = field(default_factory=dict)  # --generation-config: for fields a request leaves unset
     tool_parser: Optional[str] = None  # --tool-call-parser with --enable-auto-tool-choice: "auto" tool choice
-    reasoning_parser: Optional[str] = None  # --reasoning-parser: the thinking split from the answer
+    reasoning_parser: Optional[str] = None  # the engine's: the thinking split from the answer
     responses: ResponseStore = field(default_factory=ResponseStore)  # the Responses API's stored responses
     log_requests: bool = True
     draining: bool = False  # SIGTERM: no new request is admitted; those in flight may finish (``drain``)

@@ -153,7 +153,8 @@ class ResponsesServing:
             return history, await self.chat.prepare(chat, request_id)
         except APIError as exc:
             if exc.param == "max_tokens":
-                raise APIError(400, "max_output_tokens" + exc.message[len("max_tokens"):], "max_output_tokens") from None
+                message = "max_output_tokens" + exc.message[len("max_tokens"):]
+                raise APIError(400, message, "max_output_tokens") from None
             raise
 
     def _response(self, request: ResponsesRequest, status: str, output: list) -> dict:

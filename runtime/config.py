@@ -256,6 +256,9 @@ class SchedulerConfig:
     grammar_compile_seconds: float = option(10.0, "a structured-outputs grammar's compile, in a process of its "
                                                    "own; longer is refused (HTTP 400)")
     grammar_compile_memory: int = option(1 << 30, "bytes that compile may allocate; more is refused (HTTP 400)")
+    reasoning_parser: Optional[str] = option(
+        None, "the reasoning model's format (vLLM's names): its thinking is split from the answer, and structured "
+              "outputs constrain the answer after the thinking", registry="reasoning_parser")
     speculative_config: Optional[SpeculativeConfig] = option(
         None, 'speculative decoding, as vLLM\'s JSON: {"method": "ngram", "num_speculative_tokens": 4, '
               '"prompt_lookup_max": 4, "prompt_lookup_min": 2}, or {"method": "draft_model", "model": PATH, '

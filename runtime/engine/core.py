@@ -126,7 +126,8 @@ class EngineCore:
         self.scheduler = Scheduler(config.scheduler, self.kv, facts.vocab_size)
         self.structured = StructuredOutputManager(tokenizer, facts.vocab_size, facts.eos_token_id,
                                                   config.scheduler.grammar_compile_seconds,
-                                                  config.scheduler.grammar_compile_memory)
+                                                  config.scheduler.grammar_compile_memory,
+                                                  config.scheduler.reasoning_parser)
         self._groups: dict[str, _Group] = {}
         self._by_seq: dict[str, tuple[_Group, _Sequence]] = {}
         self._arrivals = itertools.count()
@@ -184,7 +185,7 @@ class EngineCore:
             seq.request.wait_for = leader
             seq.request.bad_words_token_ids = bad_words
             if params.structured_outputs is not None:  # compiled once: the cache serves the other samples
-                seq.request.grammar = self.structured.start(params.structured_outputs)
+                seq.request.grammar = self.structured.start(params.structured_outputs, prompt_token_ids)
             leader = leader or seq.request
             group.sequences.append(seq)
             output.outputs.append(seq.output)

@@ -25,10 +25,11 @@ import logging
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence
 
 from actorserve.runtime.budgeted_child import BudgetedChild, ChildDied, ChildOutOfMemory, ChildTimeout, JobFailed
 from actorserve.runtime.engine.sampling_params import StructuredOutputsParams
+from actorserve.runtime.text.reasoning_parsers import REASONING_PARSERS
 
 if TYPE_CHECKING:  # torch loads only where a grammar is used: xgrammar fills its bitmasks into a tensor
     import torch
@@ -213,13 +214,48 @@ def _grammar_text(params: StructuredOutputsParams) -> str:
     return params.grammar
 
 
-class GrammarState:
-    """One request's grammar: compiling (a future), then a matcher of its own."""
+class ThinkingGate:
+    """A reasoning model's thinking, which the grammar does not constrain: it holds the grammar back until
+    the answer writes the end tag (read from the decoded tail of its tokens), as vLLM's reasoning-aware
+    structured outputs do."""
 
-    def __init__(self, future: "Future[Any]", matcher_of: Callable[[Any], Matcher], stop_ids: list[int]) -> None:
+    TAIL = 16  # tokens decoded to find the end tag: more than any tokenizer splits it into
+
+    def __init__(self, end: str, decode: Callable[[list[int]], str]) -> None:
+        self.end, self.decode = end, decode
+        self.thinking = True
+        self._tail: list[int] = []
+
+    @staticmethod
+    def thinking_at_start(parser: type, prompt_tail: str) -> bool:
+        """Whether the answer starts inside a thinking block: the template opened one and did not close it,
+        or the format opens it in the prompt (``start_in_prompt``) and the template did not close it (a
+        thinking-off template writes an empty block). Where the answer would have to open the block itself,
+        the grammar applies from its first token (so it answers without thinking)."""
+        opened, closed = prompt_tail.rfind(parser.start), prompt_tail.rfind(parser.end)
+        if opened > closed:
+            return True
+        return closed < 0 and parser.start_in_prompt
+
+    def accept(self, token: int) -> None:
+        self._tail = (self._tail + [token])[-self.TAIL:]
+        if self.end in self.decode(self._tail):
+            self.thinking = False
+
+
+class GrammarState:
+    """One request's grammar: compiling (a future), then a matcher of its own; held back while a reasoning
+    model thinks (``gate``)."""
+
+    def __init__(self, future: "Future[Any]", matcher_of: Callable[[Any], Matcher], stop_ids: list[int],
+                 gate: Optional[ThinkingGate] = None) -> None:
         self.future, self.matcher_of, self.stop_ids = future, matcher_of, stop_ids
         self.matcher: Optional[Matcher] = None
         self.error: Optional[str] = None
+        self.gate = gate
+
+    def thinking(self) -> bool:
+        return self.gate is not None and self.gate.thinking
 
     def ready(self) -> bool:
         """Compiled, or failed (``error``: the request then may only stop)."""
@@ -235,7 +271,10 @@ class GrammarState:
             log.error("%s; the request ends at once", self.error)
         return True
 
-    def bitmask(self, vocab_size: int) -> bytes:
+    def bitmask(self, vocab_size: int) -> Optional[bytes]:
+        """The tokens the grammar allows next; None (any) while the model thinks."""
+        if self.thinking():
+            return None
         import torch
 
         words = torch.zeros((vocab_size + 31) // 32, dtype=torch.int32)
@@ -247,17 +286,23 @@ class GrammarState:
         return words.numpy().tobytes()
 
     def accept(self, token: int) -> bool:
+        if self.thinking():
+            self.gate.accept(token)
+            return True
         return self.matcher is not None and self.matcher.accept(token)
 
     def terminated(self) -> bool:
         """The grammar took a stop token: the output is complete, and nothing may follow (even where
         ignore_eos or min_tokens would go on)."""
-        return self.matcher is not None and self.matcher.is_terminated()
+        return not self.thinking() and self.matcher is not None and self.matcher.is_terminated()
 
     def draft_bitmasks(self, drafts: list[int], vocab_size: int) -> tuple[list[int], bytes]:
         """For draft tokens (speculative decoding): the longest prefix the grammar takes (up to, not
         including, a token that would end it), and the bitmasks of the rows that verify them, one a row:
-        the grammar's state now, then after each kept draft. The matcher is left as it was."""
+        the grammar's state now, then after each kept draft. The matcher is left as it was. None while the
+        model thinks: a draft could pass the end of the thinking, where the grammar starts."""
+        if self.thinking():
+            return [], None
         if self.matcher is None:
             return [], self.bitmask(vocab_size)
         masks, kept = [self.bitmask(vocab_size)], []
@@ -279,8 +324,9 @@ class StructuredOutputManager:
     the engine's requests."""
 
     def __init__(self, tokenizer, vocab_size: int, eos_token_id: Optional[int], compile_seconds: float = 10.0,
-                 compile_memory: int = 1 << 30) -> None:
+                 compile_memory: int = 1 << 30, reasoning_parser: Optional[str] = None) -> None:
         self.tokenizer, self.vocab_size = tokenizer, vocab_size
+        self.reasoning = None if reasoning_parser is None else REASONING_PARSERS[reasoning_parser]
         self.compile_seconds, self.compile_memory = compile_seconds, compile_memory
         self.stop_ids = [] if eos_token_id is None else [eos_token_id]
         # called (from the grammar thread) each time a grammar is compiled: an engine loop that waits for
@@ -302,13 +348,19 @@ class StructuredOutputManager:
         samples' own compiles (``start``) then find it cached."""
         return self._submit(params)
 
-    def start(self, params: StructuredOutputsParams) -> GrammarState:
-        """Compilation begins now, on the grammar thread; ``GrammarState.ready`` says when it is done."""
+    def start(self, params: StructuredOutputsParams, prompt_token_ids: Sequence[int] = ()) -> GrammarState:
+        """Compilation begins now, on the grammar thread; ``GrammarState.ready`` says when it is done. With a
+        reasoning parser, the grammar waits for the end of the thinking where the answer starts inside it."""
         future = self._submit(params)
         if self.on_compiled is not None:
             callback = self.on_compiled
             future.add_done_callback(lambda _: callback())
-        return GrammarState(future, self._matcher, self.stop_ids)
+        gate = None
+        if self.reasoning is not None:
+            tail = self.tokenizer.decode(list(prompt_token_ids[-ThinkingGate.TAIL * 4:]))
+            if ThinkingGate.thinking_at_start(self.reasoning, tail):
+                gate = ThinkingGate(self.reasoning.end, self.tokenizer.decode)
+        return GrammarState(future, self._matcher, self.stop_ids, gate)
 
     def _submit(self, params: StructuredOutputsParams) -> "Future[Any]":
         if self._pool is None:

@@ -101,7 +101,7 @@ def test_background_responses_run_and_cancel(agent_client):
         assert time.monotonic() < deadline
         time.sleep(0.1)
     assert agent_client.responses.retrieve(done.id).output_text
-    assert agent_client.responses.cancel(done.id).status == "completed"  # finished: nothing to cancel
+    assert agent_client.responses.cancel(done.id).status in ("completed", "incomplete")  # finished: as it was
     foreground = agent_client.responses.create(model=MODEL, input="Hi", max_output_tokens=1)
     with pytest.raises(openai.BadRequestError, match="background"):
         agent_client.responses.cancel(foreground.id)
@@ -199,7 +199,8 @@ def test_reasoning_is_split_in_chat_responses_and_messages(agent_client, claude)
     r = agent_client.responses.create(model=MODEL, input="Think, then answer.", max_output_tokens=60, temperature=0,
                                       extra_body=regex)
     assert [i.type for i in r.output] == ["reasoning", "message"] and r.output[0].content[0].text == reasoning
-    m = claude.messages.create(model=MODEL, max_tokens=60, messages=[{"role": "user", "content": "Think, then answer."}],
+    m = claude.messages.create(model=MODEL, max_tokens=60,
+                               messages=[{"role": "user", "content": "Think, then answer."}],
                                extra_body={"temperature": 0, **regex})
     assert [b.type for b in m.content] == ["thinking", "text"] and m.content[0].thinking == reasoning
     plain = agent_client.chat.completions.create(model=MODEL, messages=kw["messages"], max_tokens=8, temperature=0)

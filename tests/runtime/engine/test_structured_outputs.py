@@ -188,3 +188,48 @@ def test_the_child_compiles_what_xgrammar_compiles_here(tokenizer):
             assert state.bitmask(49152) == words.numpy().tobytes()
     finally:
         manager.close()
+
+
+def _digits_after_thinking(tok, prompt: str):
+    manager = StructuredOutputManager(tok, 49152, 2, reasoning_parser="deepseek_r1")
+    state = manager.start(StructuredOutputsParams(regex="[0-9]+"), tok.encode(prompt))
+    state.future.result(timeout=60)
+    assert state.ready()
+    return manager, state
+
+
+def test_with_a_reasoning_parser_the_grammar_waits_for_the_end_of_the_thinking(tokenizer):
+    """deepseek_r1: the answer starts inside the thinking (its template opens it); the grammar allows any
+    token (no mask, no drafts) until the answer writes </think>, then constrains what follows."""
+    tok = tokenizer
+    manager, state = _digits_after_thinking(tok, "<|im_start|>assistant\n<think>\n")
+    x, one = tok.convert_tokens_to_ids("x"), tok.convert_tokens_to_ids("1")
+    for token in tok.encode("x is 2, so"):
+        assert state.bitmask(49152) is None and state.draft_bitmasks([x], 49152) == ([], None)
+        assert state.accept(token) and not state.terminated()
+    for token in tok.encode("</think>"):
+        state.accept(token)
+    allowed = bitmask_to_allowed(state.bitmask(49152), 49152)[0]
+    assert bool(allowed[one]) and not bool(allowed[x])  # the answer: digits only
+    assert state.accept(one) and not state.accept(x)
+    manager.close()
+
+
+@pytest.mark.parametrize("prompt,thinking", [
+    ("<|im_start|>assistant\n", True),  # deepseek_r1: its template opens the block (or the answer does)
+    ("<|im_start|>assistant\n<think>\n\n</think>\n\n", False),  # a thinking-off template closed it
+])
+def test_a_block_the_template_closed_leaves_the_grammar_on_from_the_start(tokenizer, prompt, thinking):
+    manager, state = _digits_after_thinking(tokenizer, prompt)
+    assert (state.bitmask(49152) is None) == thinking
+    manager.close()
+
+
+def test_formats_the_answer_opens_itself_are_constrained_unless_the_prompt_opened_the_block():
+    from actorserve.runtime.engine.structured_outputs import ThinkingGate
+    from actorserve.runtime.text.reasoning_parsers import REASONING_PARSERS
+
+    qwen3 = REASONING_PARSERS["qwen3"]
+    assert not ThinkingGate.thinking_at_start(qwen3, "<|im_start|>assistant\n")  # it answers without thinking
+    assert ThinkingGate.thinking_at_start(qwen3, "<|im_start|>assistant\n<think>\n")  # (thinking-only models)
+    assert not ThinkingGate.thinking_at_start(qwen3, "assistant\n<think>\n\n</think>\n\n")

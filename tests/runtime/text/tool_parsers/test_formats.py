@@ -20,7 +20,8 @@ SAMPLES = {
          (None, "Let me check.", [("get_weather", PARIS), ("get_time", TOKYO)])),
         ("The weather <b>is</b> fine.", (None, "The weather <b>is</b> fine.", [])),
         ('<tool_call>\n{"name": "get_weather", "argu', (None, '<tool_call>\n{"name": "get_weather", "argu', [])),
-        ('<tool_call>{not json}</tool_call> <tool_call>{"name": "get_time", "arguments": {"city": "Tokyo"}}</tool_call>',
+        ('<tool_call>{not json}</tool_call> <tool_call>{"name": "get_time", "arguments": {"city": "Tokyo"}}'
+         '</tool_call>',
          (None, "<tool_call>{not json}</tool_call>", [("get_time", TOKYO)])),
     ],
     "llama3_json": [
