@@ -15,7 +15,8 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import ConfigDict, Field, StrictBool, StrictInt
 
 from actorserve.frontend.errors import APIError
-from actorserve.frontend.protocol import MAX_MESSAGES, MAX_TOOLS, SAMPLING_EXTRAS, Text, _same, _Schema
+from actorserve.frontend.foreign_requests import check_extra, sampling_extras, string_field, text_of
+from actorserve.frontend.protocol import MAX_MESSAGES, MAX_TOOLS, Text, _Schema
 
 UNSUPPORTED: dict[str, tuple] = {"container": (None,), "mcp_servers": (None, []), "context_management": (None,)}
 ACCEPTED_UNUSED = frozenset({"service_tier", "anthropic_version", "cache_control", "diagnostics", "inference_geo",
@@ -46,12 +47,7 @@ class MessagesRequest(_Schema):
     stream: StrictBool = False
 
     def check_fields(self) -> list[str]:
-        extra = self.model_extra or {}
-        for name, neutral in UNSUPPORTED.items():
-            if name in extra and not any(_same(extra[name], v) for v in neutral):
-                raise APIError(400, f"{name} is not supported by this server", name)
-        return sorted(n for n in extra if n not in UNSUPPORTED and n not in ACCEPTED_UNUSED
-                      and n not in SAMPLING_EXTRAS)
+        return check_extra(self.model_extra or {}, UNSUPPORTED, ACCEPTED_UNUSED)
 
     def chat_body(self) -> dict:
         body: dict[str, Any] = {"model": self.model, "messages": self.chat_messages(), "max_tokens": self.max_tokens,
@@ -60,7 +56,7 @@ class MessagesRequest(_Schema):
                              ("stop", "stop_sequences")):
             if getattr(self, theirs) is not None:
                 body[ours] = getattr(self, theirs)
-        body.update({k: v for k, v in (self.model_extra or {}).items() if k in SAMPLING_EXTRAS})
+        body.update(sampling_extras(self.model_extra or {}))
         if self.tools:
             body["tools"] = [_tool(t, i) for i, t in enumerate(self.tools)]
         choice = _tool_choice(self.tool_choice) if self.tool_choice is not None else None
@@ -83,7 +79,7 @@ class MessagesRequest(_Schema):
         messages = []
         if self.system is not None:
             messages.append({"role": "system", "content": self.system if isinstance(self.system, str)
-                             else _text_of(self.system, "system")})
+                             else text_of(self.system, ("text",), "system", "system")})
         for i, m in enumerate(self.messages):
             messages.extend(_chat_messages(m, f"messages[{i}]"))
         return messages
@@ -96,15 +92,15 @@ def _chat_messages(m: AnthropicMessage, where: str) -> list[dict]:
     for j, block in enumerate(m.content):
         kind = block.get("type")
         if kind == "text":
-            text.append(_string(block, "text", f"{where}.content[{j}]"))
+            text.append(string_field(block, "text", f"{where}.content[{j}]", "messages"))
         elif kind == "tool_use" and m.role == "assistant":
-            calls.append({"id": _string(block, "id", where), "type": "function",
-                          "function": {"name": _string(block, "name", where),
+            calls.append({"id": string_field(block, "id", where, "messages"), "type": "function",
+                          "function": {"name": string_field(block, "name", where, "messages"),
                                        "arguments": json.dumps(block.get("input") or {})}})
         elif kind == "tool_result" and m.role == "user":
             content = block.get("content", "")
-            results.append({"role": "tool", "tool_call_id": _string(block, "tool_use_id", where),
-                            "content": content if isinstance(content, str) else _text_of(content, where)})
+            results.append({"role": "tool", "tool_call_id": string_field(block, "tool_use_id", where, "messages"),
+                            "content": text_of(content, ("text",), where, "messages")})
         elif kind not in ("thinking", "redacted_thinking"):
             raise APIError(400, f"{where}.content[{j}]: blocks of type {kind!r} are not supported here"
                                 + (": the served model takes text only" if kind in ("image", "document") else ""),
@@ -115,25 +111,6 @@ def _chat_messages(m: AnthropicMessage, where: str) -> list[dict]:
             message["tool_calls"] = calls
         return [message]
     return results + ([{"role": "user", "content": "".join(text)}] if text or not results else [])
-
-
-def _text_of(blocks: Any, where: str) -> str:
-    if not isinstance(blocks, list):
-        raise APIError(400, f"{where} must be a string or a list of text blocks", "messages")
-    parts = []
-    for block in blocks:
-        if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
-            kind = block.get("type") if isinstance(block, dict) else type(block).__name__
-            raise APIError(400, f"{where}: blocks of type {kind!r} are not supported here: text only", "messages")
-        parts.append(block["text"])
-    return "".join(parts)
-
-
-def _string(block: dict, key: str, where: str) -> str:
-    value = block.get(key)
-    if not isinstance(value, str):
-        raise APIError(400, f"{where}.{key} must be a string", "messages")
-    return value
 
 
 def _tool(tool: dict, i: int) -> dict:

@@ -15,7 +15,8 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import ConfigDict, Field, StrictBool, StrictInt
 
 from actorserve.frontend.errors import APIError
-from actorserve.frontend.protocol import MAX_MESSAGES, MAX_TOOLS, SAMPLING_EXTRAS, Text, _same, _Schema
+from actorserve.frontend.foreign_requests import check_extra, sampling_extras, string_field, text_of
+from actorserve.frontend.protocol import MAX_MESSAGES, MAX_TOOLS, Text, _Schema
 
 # fields of OpenAI's body that would change the output, not served, with the values that change nothing
 UNSUPPORTED: dict[str, tuple] = {
@@ -52,14 +53,9 @@ class ResponsesRequest(_Schema):
 
     def check_fields(self) -> list[str]:
         """A 400 for the first field asking for what is not served; the unknown fields' names, for a warning."""
-        extra = self.model_extra or {}
-        for name, neutral in UNSUPPORTED.items():
-            if name in extra and not any(_same(extra[name], v) for v in neutral):
-                raise APIError(400, f"{name} is not supported by this server", name)
         if self.background and not self.store:
             raise APIError(400, "background responses need store to be true", "background")
-        return sorted(n for n in extra if n not in UNSUPPORTED and n not in ACCEPTED_UNUSED
-                      and n not in SAMPLING_EXTRAS)
+        return check_extra(self.model_extra or {}, UNSUPPORTED, ACCEPTED_UNUSED)
 
     def chat_body(self, history: list[dict]) -> dict:
         """The chat request this one amounts to, after ``history`` (a previous response's conversation)."""
@@ -70,7 +66,7 @@ class ResponsesRequest(_Schema):
         for name in ("temperature", "top_p", "top_k", "seed", "stop"):
             if getattr(self, name) is not None:
                 body[name] = getattr(self, name)
-        body.update({k: v for k, v in (self.model_extra or {}).items() if k in SAMPLING_EXTRAS})
+        body.update(sampling_extras(self.model_extra or {}))
         effort = (self.reasoning or {}).get("effort")
         if effort in ("low", "medium", "high"):
             body["reasoning_effort"] = effort
@@ -99,10 +95,11 @@ def _add_item(messages: list[dict], item: dict, where: str) -> None:
         role = item.get("role")
         if role not in ("user", "system", "developer", "assistant"):
             raise APIError(400, f"{where}.role must be one of user, system, developer and assistant", "input")
-        messages.append({"role": role, "content": _text(item.get("content"), where)})
+        messages.append({"role": role, "content": text_of(item.get("content"), _TEXT_PARTS, where, "input")})
     elif kind == "function_call":
-        call = {"id": _string(item, "call_id", where), "type": "function",
-                "function": {"name": _string(item, "name", where), "arguments": _string(item, "arguments", where)}}
+        name, arguments = (string_field(item, key, where, "input") for key in ("name", "arguments"))
+        call = {"id": string_field(item, "call_id", where, "input"), "type": "function",
+                "function": {"name": name, "arguments": arguments}}
         last = messages[-1] if messages else None
         if last is not None and last["role"] == "assistant":
             last.setdefault("tool_calls", []).append(call)  # one assistant turn: its text and its calls
@@ -110,32 +107,10 @@ def _add_item(messages: list[dict], item: dict, where: str) -> None:
             messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
     elif kind == "function_call_output":
         output = item.get("output")
-        messages.append({"role": "tool", "tool_call_id": _string(item, "call_id", where),
-                         "content": output if isinstance(output, str) else _text(output, where)})
+        messages.append({"role": "tool", "tool_call_id": string_field(item, "call_id", where, "input"),
+                         "content": text_of(output, _TEXT_PARTS, where, "input")})
     elif kind != "reasoning":
         raise APIError(400, f"{where}: input items of type {kind!r} are not supported by this server", "input")
-
-
-def _text(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise APIError(400, f"{where}.content must be a string or a list of text parts", "input")
-    parts = []
-    for part in content:
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in _TEXT_PARTS or not isinstance(part.get("text"), str):
-            raise APIError(400, f"{where}: content parts of type {kind!r} are not supported: the served model "
-                                "takes text only", "input")
-        parts.append(part["text"])
-    return "".join(parts)
-
-
-def _string(item: dict, key: str, where: str) -> str:
-    value = item.get(key)
-    if not isinstance(value, str):
-        raise APIError(400, f"{where}.{key} must be a string", "input")
-    return value
 
 
 def _function_tool(tool: dict, i: int) -> dict:
