@@ -24,6 +24,7 @@ from actorserve.frontend.responses_protocol import ResponsesRequest
 from actorserve.frontend.serving import ServingContext
 from actorserve.frontend.serving_chat import ChatServing, ChatTurn
 from actorserve.runtime.engine.outputs import RequestOutput
+from actorserve.runtime.text.tokenizer import encode
 
 log = logging.getLogger("actorserve.frontend")
 _PREFIX = {"reasoning": "rs", "text": "msg", "call": "fc"}
@@ -177,10 +178,13 @@ class ResponsesServing:
         calls = [i for i in items if i["type"] == "function_call"]
         cut = sample is not None and sample.finish_reason == "length" and not calls
         generated = len(sample.token_ids) if sample is not None else 0
+        thinking = "".join(c["text"] for i in items if i["type"] == "reasoning" for c in i["content"])
+        reasoning_tokens = len(encode(self.ctx.tokenizer, thinking, add_special_tokens=False)) if thinking else 0
         response.update(status="incomplete" if cut else "completed", output=items,
                         incomplete_details={"reason": "max_output_tokens"} if cut else None,
                         usage={"input_tokens": len(turn.prompt.token_ids), "input_tokens_details": {"cached_tokens": 0},
-                               "output_tokens": generated, "output_tokens_details": {"reasoning_tokens": 0},
+                               "output_tokens": generated,
+                               "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
                                "total_tokens": len(turn.prompt.token_ids) + generated})
         if request.store:
             answer = {"role": "assistant", "content": "".join(c["text"] for i in items if i["type"] == "message"

@@ -199,6 +199,7 @@ def test_reasoning_is_split_in_chat_responses_and_messages(agent_client, claude)
     r = agent_client.responses.create(model=MODEL, input="Think, then answer.", max_output_tokens=60, temperature=0,
                                       extra_body=regex)
     assert [i.type for i in r.output] == ["reasoning", "message"] and r.output[0].content[0].text == reasoning
+    assert 0 < r.usage.output_tokens_details.reasoning_tokens < r.usage.output_tokens
     m = claude.messages.create(model=MODEL, max_tokens=60,
                                messages=[{"role": "user", "content": "Think, then answer."}],
                                extra_body={"temperature": 0, **regex})
