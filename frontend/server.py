@@ -134,7 +134,7 @@ def new_context(engine, model: Optional[str], served_model_names: Sequence[str] 
     renderer = None if limits is None else TemplateRenderer(limits.chat_template_seconds, limits.chat_template_memory)
     return ServingContext(engine, None, names[0], 0, 0, FrontendMetrics(names[0]), served_model_names=names,
                           chat_template=options.chat_template, log_requests=options.log_requests,
-                          tool_parser=options.tool_parser, reasoning_parser=engine.config.scheduler.reasoning_parser,
+                          tool_parser=options.tool_parser,
                           responses=ResponseStore(options.responses_store_entries, options.responses_store_bytes),
                           renderer=renderer,
                           trust_request_chat_template=options.trust_request_chat_template)
@@ -147,6 +147,7 @@ async def complete_context(ctx: ServingContext, model: Optional[str], generation
     from actorserve.runtime.text.tokenizer import load_tokenizer
 
     tokenizer_path = ctx.engine.config.model.tokenizer
+    ctx.reasoning_parser = ctx.engine.config.scheduler.reasoning_parser  # the engine's, as its grammars' gate
     loop = asyncio.get_running_loop()
     tokenizer_job = loop.run_in_executor(None, lambda: load_tokenizer(tokenizer_path or resolve_model_path(model)))
     renderer_job = loop.run_in_executor(None, ctx.renderer.start) if ctx.renderer is not None else None
