@@ -7,7 +7,7 @@ import sys
 from typing import Optional, Sequence
 
 from actorserve.engine_flags import add_engine_arguments, engine_kwargs, expand_config_file
-from actorserve.frontend.server import ServeOptions
+from actorserve.frontend.response_store import ResponseStore
 from actorserve.frontend.tool_calls import PARSERS
 from actorserve.runtime.errors import ActorServeError
 
@@ -202,10 +202,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       help='"auto" tool choice (also tools without tool_choice): the --tool-call-parser finds the '
                            "model's calls in its answer")
     http.add_argument("--tool-call-parser", default=None, choices=list(PARSERS),
-                      help="the format the model writes its tool calls in (docs/openai-api.md: tool parsers)")
-    http.add_argument("--responses-store-entries", type=int, default=ServeOptions.responses_store_entries,
+                      help="the format the model writes its tool calls in (docs/http-api.md: tool parsers)")
+    http.add_argument("--responses-store-entries", type=int, default=ResponseStore.max_entries,
                       help="stored Responses (store=true, for previous_response_id) kept at most; the oldest go first")
-    http.add_argument("--responses-store-bytes", type=int, default=ServeOptions.responses_store_bytes,
+    http.add_argument("--responses-store-bytes", type=int, default=ResponseStore.max_bytes,
                       help="the stored Responses' size at most, in bytes")
     http.add_argument("--generation-config", default="auto",
                       help="auto: the model's generation_config.json gives the sampling defaults of requests "

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import actorserve
-from actorserve.frontend.errors import APIError, anthropic_error_body, error_body
+from actorserve.frontend.errors import APIError, error_response
 from actorserve.frontend.messages_protocol import CountTokensRequest, MessagesRequest
 from actorserve.frontend.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from actorserve.frontend.responses_protocol import ResponsesRequest
@@ -179,10 +179,7 @@ def _messages_routes(app: FastAPI, messages: MessagesServing) -> None:
 
 def _error(path: str, exc: APIError) -> JSONResponse:
     """The error in the shape of the API the request came to."""
-    body = anthropic_error_body(exc.status, exc.message) if path.startswith("/v1/messages") else \
-        error_body(exc.status, exc.message, exc.param)
-    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
-    return JSONResponse(body, status_code=exc.status, headers=headers)
+    return error_response(exc, anthropic=path.startswith("/v1/messages"))
 
 
 def _sleep_routes(app: FastAPI, ctx: ServingContext) -> None:

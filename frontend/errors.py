@@ -53,9 +53,14 @@ def anthropic_error_body(status: int, message: str) -> dict:
                                        "message": message}}
 
 
-def error_response(exc: APIError) -> JSONResponse:
+def error_response(exc: APIError, anthropic: bool = False) -> JSONResponse:
+    """The error in OpenAI's shape, or in Anthropic's for its API's routes."""
+    if anthropic:
+        body = anthropic_error_body(exc.status, exc.message)
+    else:
+        body = error_body(exc.status, exc.message, exc.param)
     headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
-    return JSONResponse(error_body(exc.status, exc.message, exc.param), status_code=exc.status, headers=headers)
+    return JSONResponse(body, status_code=exc.status, headers=headers)
 
 
 def sse_error(exc: APIError) -> str:

@@ -22,8 +22,8 @@ class StoredResponse:
 
 @dataclass
 class ResponseStore:
-    max_entries: int = 1000
-    max_bytes: int = 64 << 20
+    max_entries: int = 1000  # the oldest evicted first (--responses-store-entries)
+    max_bytes: int = 64 << 20  # bytes of JSON (--responses-store-bytes)
     _entries: "OrderedDict[str, StoredResponse]" = field(default_factory=OrderedDict)
     _bytes: int = 0
 
@@ -46,6 +46,3 @@ class ResponseStore:
         if entry is not None:
             self._bytes -= entry.size
         return entry is not None
-
-    def __len__(self) -> int:
-        return len(self._entries)

@@ -63,8 +63,8 @@ class ServeOptions:
     chat_template: Optional[str] = None
     trust_request_chat_template: bool = False  # render a request's own chat_template (else it is a 400)
     tool_parser: Optional[str] = None  # "auto" tool choice's parser (--enable-auto-tool-choice --tool-call-parser)
-    responses_store_entries: int = 1000  # stored Responses (store=true) kept at most, the oldest evicted first
-    responses_store_bytes: int = 64 << 20  # and their size at most, in bytes of JSON
+    responses_store_entries: int = ResponseStore.max_entries  # stored Responses (store=true) kept at most
+    responses_store_bytes: int = ResponseStore.max_bytes  # and their size at most, in bytes of JSON
     generation_config: str = "auto"  # "auto": the model's generation_config.json; "vllm": none; or a folder
     uvicorn_log_level: str = "info"
     access_log: bool = True

@@ -5,6 +5,8 @@ import logging
 from dataclasses import dataclass
 from typing import AsyncIterator, Optional
 
+import pydantic
+
 from actorserve.frontend import tool_calls
 from actorserve.frontend.echo import echo_prefix
 from actorserve.frontend.errors import APIError, sse_error
@@ -65,7 +67,10 @@ class ChatServing:
     def __init__(self, ctx: ServingContext) -> None:
         self.ctx = ctx
 
-    async def prepare(self, request: ChatCompletionRequest, request_id: str) -> ChatTurn:
+    async def prepare(self, request: ChatCompletionRequest, request_id: str,
+                      renamed: Optional[dict[str, str]] = None) -> ChatTurn:
+        """``renamed``: the request's own name for a chat field it came under another name (Responses'
+        max_output_tokens), which its errors then use."""
         self.ctx.check_model(request.model)
         if request.top_logprobs is not None and not request.logprobs:
             raise APIError(400, "top_logprobs needs logprobs to be true", "top_logprobs")
@@ -86,11 +91,25 @@ class ChatServing:
                                    request.documents, template_kwargs, request.add_special_tokens)
         requested = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
         logprobs = (request.top_logprobs or 0) if request.logprobs else None
-        names = {"logprobs": "top_logprobs"}
+        names = {"logprobs": "top_logprobs", **(renamed or {})}
         if request.max_completion_tokens is not None:
             names["max_tokens"] = "max_completion_tokens"
         params = self.ctx.build_params(request, prompt, requested, logprobs, request.prompt_logprobs, names)
         return ChatTurn(prompt, params, mode, tools, template_kwargs)
+
+    async def prepare_from(self, body: dict, unknown: list[str], request_id: str, param: str,
+                           renamed: dict[str, str]) -> ChatTurn:
+        """Another API's request (Responses, Messages), served as the chat request ``body`` it amounts to:
+        its ``unknown`` fields named in one warning, a body chat's schema refuses a 400 naming ``param``."""
+        if unknown:
+            log.warning("request %s: ignored fields the server does not know: %s", request_id, ", ".join(unknown))
+        try:
+            chat = ChatCompletionRequest.model_validate(body)
+        except pydantic.ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first.get("loc", ()))
+            raise APIError(400, f"{where}: {first.get('msg')}", param) from None
+        return await self.prepare(chat, request_id, renamed)
 
     async def create(self, request: ChatCompletionRequest, request_id: str) -> dict:
         turn = await self.prepare(request, request_id)

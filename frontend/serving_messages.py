@@ -13,12 +13,9 @@ import logging
 import uuid
 from typing import AsyncIterator, Optional
 
-import pydantic
-
 from actorserve.frontend.answer_blocks import Block, BlockEvent, BlockStream, blocks_of
 from actorserve.frontend.errors import APIError, anthropic_error_body
 from actorserve.frontend.messages_protocol import CountTokensRequest, MessagesRequest
-from actorserve.frontend.protocol import ChatCompletionRequest
 from actorserve.frontend.serving import ServingContext
 from actorserve.frontend.serving_chat import ChatServing, ChatTurn
 from actorserve.runtime.engine.outputs import CompletionOutput
@@ -74,21 +71,8 @@ class MessagesServing:
             await outputs.aclose()
 
     async def _prepare(self, request: MessagesRequest, request_id: str) -> ChatTurn:
-        unknown = request.check_fields()
-        if unknown:
-            log.warning("request %s: ignored fields the server does not know: %s", request_id, ", ".join(unknown))
-        try:
-            chat = ChatCompletionRequest.model_validate(request.chat_body())
-        except pydantic.ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first.get("loc", ()))
-            raise APIError(400, f"{where}: {first.get('msg')}", "messages") from None
-        try:
-            return await self.chat.prepare(chat, request_id)
-        except APIError as exc:
-            if exc.param == "stop":
-                raise APIError(400, "stop_sequences" + exc.message[len("stop"):], "stop_sequences") from None
-            raise
+        return await self.chat.prepare_from(request.chat_body(), request.check_fields(), request_id, "messages",
+                                            {"stop": "stop_sequences"})
 
     def _message(self, request: MessagesRequest, turn: ChatTurn, content: list[dict]) -> dict:
         return {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant",
@@ -129,9 +113,7 @@ _DELTAS = {"reasoning": ("thinking_delta", "thinking"), "text": ("text_delta", "
 
 def _block_event(e: BlockEvent) -> str:
     if e.what == "open":
-        start = _block(Block(e.block.kind, "", e.block.name))
-        if e.block.kind == "call":
-            start["input"] = {}
+        start = _block(Block(e.block.kind, "", e.block.name))  # empty: a call's input is {}
         return _event("content_block_start", index=e.index, content_block=start)
     if e.what == "delta":
         kind, key = _DELTAS[e.block.kind]

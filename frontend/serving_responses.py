@@ -15,11 +15,8 @@ import time
 import uuid
 from typing import AsyncIterator, Optional
 
-import pydantic
-
 from actorserve.frontend.answer_blocks import Block, BlockEvent, BlockStream, blocks_of
 from actorserve.frontend.errors import APIError
-from actorserve.frontend.protocol import ChatCompletionRequest
 from actorserve.frontend.responses_protocol import ResponsesRequest
 from actorserve.frontend.serving import ServingContext
 from actorserve.frontend.serving_chat import ChatServing, ChatTurn
@@ -132,8 +129,6 @@ class ResponsesServing:
 
     async def _prepare(self, request: ResponsesRequest, request_id: str) -> tuple[list[dict], ChatTurn]:
         unknown = request.check_fields()
-        if unknown:
-            log.warning("request %s: ignored fields the server does not know: %s", request_id, ", ".join(unknown))
         history: list[dict] = []
         if request.previous_response_id is not None:
             stored = self.ctx.responses.get(request.previous_response_id)
@@ -144,19 +139,9 @@ class ResponsesServing:
                 raise APIError(400, f"previous_response_id {request.previous_response_id!r} has not finished",
                                "previous_response_id")
             history = stored.conversation
-        try:
-            chat = ChatCompletionRequest.model_validate(request.chat_body(history))
-        except pydantic.ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first.get("loc", ()))
-            raise APIError(400, f"{where}: {first.get('msg')}", "input") from None
-        try:
-            return history, await self.chat.prepare(chat, request_id)
-        except APIError as exc:
-            if exc.param == "max_tokens":
-                message = "max_output_tokens" + exc.message[len("max_tokens"):]
-                raise APIError(400, message, "max_output_tokens") from None
-            raise
+        turn = await self.chat.prepare_from(request.chat_body(history), unknown, request_id, "input",
+                                            {"max_tokens": "max_output_tokens"})
+        return history, turn
 
     def _response(self, request: ResponsesRequest, status: str, output: list) -> dict:
         return {"id": f"resp_{uuid.uuid4().hex}", "object": "response", "created_at": int(time.time()),
@@ -211,10 +196,8 @@ def _item_events(e: BlockEvent, items: list[dict]) -> list[dict]:
     """The API's events for one block event; ``items`` gathers the finished items."""
     if e.what == "open":
         item = _item(e.block, "in_progress")
-        if e.block.kind == "text":
-            item["content"] = []
-        elif e.block.kind == "reasoning":
-            item["content"] = []
+        if e.block.kind != "call":
+            item["content"] = []  # (filled by the deltas)
         items.append(item)
         added = [{"type": "response.output_item.added", "output_index": e.index, "item": dict(item)}]
         if e.block.kind == "text":

@@ -89,7 +89,7 @@ class _NamedCall(ToolParser):
     def scan(self, text: str, final: bool) -> Scan:
         if not text and not final:
             return Scan("")
-        return Scan("", (ToolCall(self.function, text, complete=final),))
+        return Scan("", (ToolCall(self.function, text),))
 
 
 class _RequiredCalls(ToolParser):

@@ -15,12 +15,11 @@ from typing import Any, Callable, ClassVar, Optional
 
 @dataclass(frozen=True)
 class ToolCall:
-    """A call as the model wrote it: the function's name and its arguments as JSON text. ``complete``
-    False: the arguments are still being written (a named tool_choice's), and only grow."""
+    """A call as the model wrote it: the function's name and its arguments as JSON text (a named
+    tool_choice's grow while they are written)."""
 
     name: str
     arguments: str
-    complete: bool = True
 
 
 @dataclass(frozen=True)
